@@ -1,0 +1,7 @@
+"""``python -m probeselect`` is the console script (so ``accelerate launch -m probeselect`` works)."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

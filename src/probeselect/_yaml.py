@@ -1,0 +1,47 @@
+"""A strict YAML loader: duplicate keys are an error, not a silent overwrite."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ProbeSpecError
+
+
+class _StrictLoader(yaml.SafeLoader):
+    pass
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False):
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping",
+                node.start_mark,
+                f"found duplicate key {key!r} (first defined on line {seen[key] + 1})",
+                key_node.start_mark,
+            )
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_yaml(path: Path, error_cls: type[Exception] = ProbeSpecError) -> Any:
+    """Load a YAML file safely, rejecting duplicate keys with a message naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise error_cls(f"{path}: file not found.")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return yaml.load(fh, Loader=_StrictLoader)  # noqa: S506 - SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        where = f"line {exc.problem_mark.line + 1}: " if exc.problem_mark else ""
+        raise error_cls(f"{path}: invalid YAML: {where}{exc.problem}. Fix the file.") from None
+    except yaml.YAMLError as exc:
+        raise error_cls(f"{path}: invalid YAML: {exc}") from None

@@ -1,0 +1,34 @@
+"""Errors that probeselect raises for bad input.
+
+Every error names the offending file or object and says how to fix it. The CLI prints
+these as one-line messages (no traceback); other exceptions are real bugs and keep
+their traceback.
+"""
+
+
+class ProbeselectError(Exception):
+    """Base class for user-facing errors (bad input, bad configuration)."""
+
+
+class CheckpointError(ProbeselectError):
+    """A checkpoint directory cannot be discovered, fingerprinted or loaded."""
+
+
+class TokenizerMismatchError(CheckpointError):
+    """Two checkpoints of one ladder do not share a tokenizer."""
+
+
+class ProbeSpecError(ProbeselectError):
+    """A probe spec (YAML) or probe data file is invalid."""
+
+
+class ScoringError(ProbeselectError):
+    """An item cannot be scored as specified (e.g. a candidate tokenizes to nothing)."""
+
+
+def did_you_mean(name: str, choices) -> str:
+    """Return ' Did you mean "x"?' for the closest choice, or '' if nothing is close."""
+    import difflib
+
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)
+    return f' Did you mean "{close[0]}"?' if close else ""

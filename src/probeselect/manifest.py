@@ -1,0 +1,65 @@
+"""Run manifests: what produced a result folder, so it can be reproduced and audited."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+_PACKAGES = (
+    "probeselect",
+    "torch",
+    "transformers",
+    "tokenizers",
+    "safetensors",
+    "accelerate",
+    "datasets",
+    "peft",
+    "pandas",
+    "numpy",
+    "pyarrow",
+)
+
+
+def package_versions() -> dict[str, str | None]:
+    """Installed versions of the packages that can change a result."""
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for name in _PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def git_state(path: Path | None = None) -> dict[str, Any]:
+    """Git commit and dirty flag of the probeselect source tree (None outside a checkout)."""
+    path = Path(path or Path(__file__).resolve().parent)
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=path, capture_output=True, text=True, timeout=10, check=True,
+        ).stdout
+        return {"commit": commit, "dirty": bool(status.strip())}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def base_manifest(kind: str, config: dict[str, Any]) -> dict[str, Any]:
+    """The fields every manifest has: kind, time, command line, versions, git, config."""
+    return {
+        "kind": kind,
+        "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": sys.argv,
+        "platform": platform.platform(),
+        "versions": package_versions(),
+        "git": git_state(),
+        "config": config,
+    }

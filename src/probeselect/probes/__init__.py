@@ -1,0 +1,33 @@
+"""Probe families, their specs and items.
+
+Families are Python generators registered by name; a YAML spec in ``probes/`` picks a
+family and sets its item count, demonstration count, variants and parameters.
+"""
+
+from ._arithmetic import TEMPLATES as ARITH_TEMPLATES
+from ._items import ProbeItem, item_rng
+from ._registry import Family, get_family, list_families, register_family
+from ._spec import FamilySpec, load_spec, spec_from_dict
+
+__all__ = [
+    "ARITH_TEMPLATES",
+    "Family",
+    "FamilySpec",
+    "ProbeItem",
+    "generate_items",
+    "get_family",
+    "item_rng",
+    "list_families",
+    "load_spec",
+    "register_family",
+    "spec_from_dict",
+]
+
+
+def generate_items(spec: FamilySpec, seeds) -> list[ProbeItem]:
+    """All items of ``spec`` for each evaluation seed, in (seed, variant, index) order."""
+    fam = get_family(spec.family)
+    items: list[ProbeItem] = []
+    for seed in seeds:
+        items.extend(fam.generate(spec, int(seed)))
+    return items

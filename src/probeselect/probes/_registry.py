@@ -1,0 +1,86 @@
+"""The registry of probe families: Python generators registered by name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from ..errors import ProbeSpecError, did_you_mean
+from ._items import ProbeItem
+
+Generator = Callable[..., Iterator[ProbeItem]]
+
+
+@dataclass(frozen=True)
+class Family:
+    """A registered probe family.
+
+    ``generate(spec, seed)`` yields the family's items for one evaluation seed, for
+    every variant in ``spec.variants``.
+    """
+
+    name: str
+    generate: Generator
+    variants: tuple[str, ...]
+    default_n_items: int = 64
+    default_n_demos: int = 4
+    default_params: dict[str, Any] = field(default_factory=dict)
+    validate: Callable | None = None
+    description: str = ""
+    kind: str = "conflict"
+
+
+KINDS = ("conflict", "capability")
+_FAMILIES: dict[str, Family] = {}
+
+
+def register_family(
+    name: str,
+    *,
+    variants: tuple[str, ...],
+    default_n_items: int = 64,
+    default_n_demos: int = 4,
+    default_params: dict[str, Any] | None = None,
+    validate: Callable | None = None,
+    kind: str = "conflict",
+) -> Callable[[Generator], Generator]:
+    """Decorator: register ``fn(spec, seed) -> Iterator[ProbeItem]`` as family ``name``.
+
+    ``kind`` is ``"conflict"`` (a tempting shortcut disagrees with the task; measures
+    shortcut resistance) or ``"capability"`` (plain, non-conflicting items of the same
+    skill; separates "cannot do it" from "prefers the shortcut").
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+
+    def deco(fn: Generator) -> Generator:
+        if name in _FAMILIES:
+            raise ValueError(f"probe family {name!r} is already registered")
+        _FAMILIES[name] = Family(
+            name=name,
+            generate=fn,
+            variants=tuple(variants),
+            default_n_items=default_n_items,
+            default_n_demos=default_n_demos,
+            default_params=dict(default_params or {}),
+            validate=validate,
+            description=(fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else "",
+            kind=kind,
+        )
+        return fn
+
+    return deco
+
+
+def get_family(name: str, *, source: str = "") -> Family:
+    """Look up a family by name; unknown names get a "did you mean" error."""
+    if name not in _FAMILIES:
+        where = f"{source}: " if source else ""
+        raise ProbeSpecError(
+            f"{where}unknown probe family {name!r}.{did_you_mean(name, _FAMILIES)} Registered families: {sorted(_FAMILIES)}."
+        )
+    return _FAMILIES[name]
+
+
+def list_families() -> list[Family]:
+    return [_FAMILIES[k] for k in sorted(_FAMILIES)]

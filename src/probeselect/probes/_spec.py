@@ -1,0 +1,109 @@
+"""Probe family specs: a small YAML file that configures a registered family."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._io import canonical_json_hash
+from .._yaml import load_yaml
+from ..errors import ProbeSpecError, did_you_mean
+
+_SPEC_KEYS = {"family", "n_items", "n_demos", "variants", "params", "description"}
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """A resolved probe family spec.
+
+    ``variants`` are prompt-format variant names understood by the family; ``params``
+    holds family-specific options (e.g. operand ranges). ``path`` is the YAML file it
+    came from (None when built in code).
+    """
+
+    family: str
+    n_items: int
+    n_demos: int
+    variants: tuple[str, ...]
+    params: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+    path: Path | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "family": self.family,
+            "n_items": self.n_items,
+            "n_demos": self.n_demos,
+            "variants": list(self.variants),
+            "params": dict(self.params),
+            "description": self.description,
+            "path": str(self.path) if self.path else None,
+        }
+
+    @property
+    def spec_hash(self) -> str:
+        """Hash of the resolved settings (not of the file path)."""
+        d = self.to_dict()
+        d.pop("path")
+        return canonical_json_hash(d)
+
+
+def spec_from_dict(raw: Any, *, source: str = "<dict>", path: Path | None = None) -> FamilySpec:
+    """Validate a raw mapping and resolve it against its family's defaults."""
+    from ._registry import get_family
+
+    if not isinstance(raw, dict):
+        raise ProbeSpecError(f"{source}: a probe spec must be a YAML mapping with at least `family:`.")
+    unknown = sorted(set(raw) - _SPEC_KEYS)
+    if unknown:
+        hint = did_you_mean(unknown[0], _SPEC_KEYS)
+        raise ProbeSpecError(f"{source}: unknown key {unknown[0]!r}.{hint} Allowed keys: {sorted(_SPEC_KEYS)}.")
+    if "family" not in raw:
+        raise ProbeSpecError(f"{source}: missing required key `family`.")
+    fam = get_family(str(raw["family"]), source=source)
+    variants = raw.get("variants", list(fam.variants))
+    if isinstance(variants, str):
+        variants = [variants]
+    if not variants:
+        raise ProbeSpecError(f"{source}: `variants` is empty; list at least one of {list(fam.variants)}.")
+    for v in variants:
+        if v not in fam.variants:
+            raise ProbeSpecError(
+                f"{source}: family {fam.name!r} has no variant {v!r}.{did_you_mean(str(v), fam.variants)} "
+                f"Known variants: {list(fam.variants)}."
+            )
+    params = dict(fam.default_params)
+    user_params = raw.get("params") or {}
+    if not isinstance(user_params, dict):
+        raise ProbeSpecError(f"{source}: `params` must be a mapping.")
+    for k, v in user_params.items():
+        if k not in fam.default_params:
+            raise ProbeSpecError(
+                f"{source}: family {fam.name!r} has no parameter {k!r}.{did_you_mean(str(k), fam.default_params)} "
+                f"Known parameters: {sorted(fam.default_params)}."
+            )
+        params[k] = v
+    n_items = raw.get("n_items", fam.default_n_items)
+    n_demos = raw.get("n_demos", fam.default_n_demos)
+    for key, val, lo in (("n_items", n_items, 1), ("n_demos", n_demos, 0)):
+        if not isinstance(val, int) or isinstance(val, bool) or val < lo:
+            raise ProbeSpecError(f"{source}: `{key}` must be an integer >= {lo}, got {val!r}.")
+    spec = FamilySpec(
+        family=fam.name,
+        n_items=n_items,
+        n_demos=n_demos,
+        variants=tuple(variants),
+        params=params,
+        description=str(raw.get("description", "")),
+        path=path,
+    )
+    if fam.validate is not None:
+        fam.validate(spec, source)
+    return spec
+
+
+def load_spec(path: str | Path) -> FamilySpec:
+    """Load and validate a probe spec YAML file (duplicate keys are rejected)."""
+    path = Path(path)
+    return spec_from_dict(load_yaml(path), source=str(path), path=path)

@@ -1,0 +1,112 @@
+import json
+import shutil
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from probeselect import score_checkpoints
+from probeselect.errors import CheckpointError
+
+SCORE_COLUMNS = {
+    "checkpoint", "step", "tokens", "family", "variant", "seed", "item_id", "task_logprob",
+    "shortcut_logprob", "margin", "margin_per_token", "correct", "candidate_correct",
+}
+
+
+@pytest.fixture(scope="module")
+def scored(tiny_ladder, arith_spec, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run") / "run"
+    return score_checkpoints(tiny_ladder, [arith_spec], seeds=[0, 1], out=out, progress=False)
+
+
+def test_tables_and_files(scored, tiny_ladder):
+    n_ckpt = sum(1 for p in tiny_ladder.iterdir() if p.name.startswith("checkpoint-"))
+    s = scored.scores
+    assert SCORE_COLUMNS <= set(s.columns)
+    assert len(s) == n_ckpt * 6 * 3 * 2  # checkpoints x items x variants x seeds
+    assert s.groupby(["checkpoint", "item_id", "seed"]).size().max() == 1
+    pd.testing.assert_series_equal(s["margin"], s["task_logprob"] - s["shortcut_logprob"], check_names=False)
+    assert (s["correct"] == (s["margin"] > 0)).all()
+    # candidate_correct implies correct; a third answer can win even when correct
+    assert (~s["candidate_correct"] | s["correct"]).all()
+    lp = pd.DataFrame(s["candidate_logprobs"].tolist())
+    assert (s["candidate_correct"] == (lp[0] > lp.drop(columns=0).max(axis=1))).all()
+    run = scored.run_dir
+    on_disk = pd.read_parquet(run / "scores.parquet")
+    pd.testing.assert_frame_equal(on_disk.drop(columns="candidate_logprobs"), s.drop(columns="candidate_logprobs"))
+    summ = pd.read_csv(run / "summary.csv")
+    assert len(summ) == n_ckpt * 3
+    assert {"mean_margin", "seed_sd", "ci_low", "ci_high", "accuracy", "candidate_accuracy"} <= set(summ.columns)
+    assert list(summ.drop_duplicates("checkpoint")["step"]) == sorted(summ["step"].unique())
+    items = [json.loads(l) for l in (run / "items.jsonl").read_text().splitlines()]
+    assert len(items) == 6 * 3 * 2 and all(c.startswith(" ") for it in items for c in it["candidates"])
+
+
+def test_manifest(scored):
+    m = json.loads((scored.run_dir / "manifest.json").read_text())
+    assert m["status"] == "complete" and m["seeds"] == [0, 1]
+    assert m["versions"]["torch"] and m["versions"]["transformers"]
+    assert "commit" in m["git"]
+    assert all(len(c["fingerprint"]) == 64 for c in m["checkpoints"])
+    assert m["probes"][0]["spec_hash"] and m["config"]["dtype"] == "float32"
+    assert {(c["checkpoint"], c["family"]) for c in m["complete"]} == {
+        (c["name"], "arith_pattern") for c in m["checkpoints"]
+    }
+    assert set(m["outputs"]) == {"items.jsonl", "scores.parquet", "summary.csv"}
+
+
+def test_rerun_uses_cache_and_new_checkpoint_only(scored, tiny_ladder, arith_spec, tmp_path):
+    again = score_checkpoints(tiny_ladder, [arith_spec], seeds=[0, 1], out=scored.run_dir, progress=False)
+    assert again.scored == []
+    pd.testing.assert_frame_equal(again.scores, scored.scores)
+    # a ladder that gained one checkpoint scores only the new one
+    ladder = tmp_path / "ladder"
+    ckpts = sorted((p for p in tiny_ladder.iterdir() if p.name.startswith("checkpoint-")),
+                   key=lambda p: int(p.name.split("-")[1]))
+    for p in ckpts[:-1]:
+        shutil.copytree(p, ladder / p.name)
+    run = tmp_path / "run"
+    first = score_checkpoints(ladder, [arith_spec], seeds=[0, 1], out=run, progress=False)
+    assert len(first.scored) == len(ckpts) - 1
+    shutil.copytree(ckpts[-1], ladder / ckpts[-1].name)
+    second = score_checkpoints(ladder, [arith_spec], seeds=[0, 1], out=run, progress=False)
+    assert second.scored == [ckpts[-1].name]
+    pd.testing.assert_frame_equal(second.scores, scored.scores)
+
+
+def test_corrupt_weights_fail_clearly(tmp_path, copy_ckpt, arith_spec):
+    c = copy_ckpt(tmp_path / "ladder" / "checkpoint-1")
+    (c / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 7, "hidden_size": 8}))
+    with pytest.raises(CheckpointError, match=r"checkpoint-1: failed to load the model"):
+        score_checkpoints(tmp_path / "ladder", [arith_spec], seeds=[0], progress=False)
+
+
+def _cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "probeselect", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_cli_score_end_to_end(tiny_ladder, tmp_path):
+    from conftest import REPO
+
+    out = tmp_path / "cli-run"
+    r = _cli("score", str(tiny_ladder), "--probes", str(REPO / "probes" / "arith_pattern.yaml"),
+             "--seeds", "0", "--out", str(out), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert (out / "summary.csv").is_file() and "mean_margin" in r.stdout and str(out) in r.stdout
+    r2 = _cli("score", str(tiny_ladder), "--probes", str(REPO / "probes" / "arith_pattern.yaml"),
+              "--seeds", "0", "--out", str(out), "--no-progress")
+    assert r2.returncode == 0 and "no model work" in r2.stderr
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    r = _cli("score", str(tmp_path / "missing"), "--probes", "x.yaml")
+    assert r.returncode == 2
+    assert "does not exist" in r.stderr and "Traceback" not in r.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("family: arith_patern\n")
+    (tmp_path / "ck").mkdir()
+    r = _cli("score", str(tmp_path / "ck"), "--probes", str(bad))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "bad.yaml" in r.stderr and 'Did you mean "arith_pattern"' in r.stderr
