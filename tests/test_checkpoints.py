@@ -118,3 +118,16 @@ def test_tokenizer_hash_ignores_formatting(tmp_path, copy_ckpt):
     tj.write_text(json.dumps(json.loads(tj.read_text()), indent=4))  # reformatted, same content
     ck = discover_checkpoints(tmp_path)
     assert ck[0].tokenizer_hash == ck[1].tokenizer_hash
+
+
+def test_fingerprint_sees_weight_values_of_large_files(tmp_path):
+    """Same layout and header, different values: the fingerprint must differ (sampled blocks)."""
+    import torch
+    from safetensors.torch import save_file
+
+    for name, val in (("a", 1.0), ("b", 2.0)):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "config.json").write_text('{"model_type": "llama"}')
+        save_file({"w": torch.full((1024, 1024), val)}, d / "model.safetensors")  # 4 MiB: sampled path
+    assert fingerprint_checkpoint(tmp_path / "a")[0] != fingerprint_checkpoint(tmp_path / "b")[0]

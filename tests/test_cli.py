@@ -13,6 +13,6 @@ def test_module_and_console_script_agree():
 
 
 def test_every_subcommand_has_help():
-    for cmd in ("score", "toy-ladder"):
+    for cmd in ("score", "toy-ladder", "dynamics", "average", "shortlist", "report"):
         r = subprocess.run([sys.executable, "-m", "probeselect", cmd, "--help"], capture_output=True, text=True)
         assert r.returncode == 0 and "usage: probeselect" in r.stdout

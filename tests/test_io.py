@@ -33,3 +33,11 @@ def test_yaml_errors_name_file_and_line(tmp_path):
         load_yaml(f)
     with pytest.raises(ProbeSpecError, match="file not found"):
         load_yaml(tmp_path / "missing.yaml")
+
+
+def test_atomic_files_get_normal_permissions(tmp_path):
+    f = tmp_path / "y.txt"
+    atomic_write_text(f, "x")
+    mask = os.umask(0)
+    os.umask(mask)
+    assert f.stat().st_mode & 0o777 == 0o666 & ~mask

@@ -76,10 +76,16 @@ def test_rerun_uses_cache_and_new_checkpoint_only(scored, tiny_ladder, arith_spe
     pd.testing.assert_frame_equal(second.scores, scored.scores)
 
 
-def test_corrupt_weights_fail_clearly(tmp_path, copy_ckpt, arith_spec):
+def test_weights_not_matching_config_fail_clearly(tmp_path, copy_ckpt, arith_spec):
+    """A checkpoint missing tensors must not load with random weights (transformers only warns)."""
+    from safetensors.torch import load_file, save_file
+
     c = copy_ckpt(tmp_path / "ladder" / "checkpoint-1")
-    (c / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 7, "hidden_size": 8}))
-    with pytest.raises(CheckpointError, match=r"checkpoint-1: failed to load the model"):
+    sd = load_file(c / "model.safetensors")
+    dropped = sorted(k for k in sd if ".layers." in k)[0]
+    del sd[dropped]
+    save_file(sd, c / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=rf"checkpoint-1: failed to load the model: 1 missing .*{dropped}"):
         score_checkpoints(tmp_path / "ladder", [arith_spec], seeds=[0], progress=False)
 
 
@@ -101,7 +107,9 @@ def test_cli_score_end_to_end(tiny_ladder, tmp_path):
 
 
 def test_cli_errors_are_one_line(tmp_path):
-    r = _cli("score", str(tmp_path / "missing"), "--probes", "x.yaml")
+    from conftest import REPO
+
+    r = _cli("score", str(tmp_path / "missing"), "--probes", str(REPO / "probes" / "arith_pattern.yaml"))
     assert r.returncode == 2
     assert "does not exist" in r.stderr and "Traceback" not in r.stderr
     bad = tmp_path / "bad.yaml"

@@ -70,3 +70,42 @@ def test_empty_and_merging_candidates_are_errors(final_model):
         encode_pair(tok, "The opposite of hot is co", "ld", what="item Y")
     with pytest.raises(ScoringError, match="empty prompt"):
         encode_pair(tok, "", " 1")
+
+
+def test_shared_prefix_equals_unshared(final_model, arith_spec):
+    from probeselect.spans import group_pairs, score_groups
+
+    model, tok = final_model
+    items = generate_items(arith_spec, [0, 1, 2])
+    groups = [group_pairs([encode_pair(tok, it.prompt, c) for c in it.candidates]) for it in items]
+    ref = score_pairs(model, [encode_pair(tok, it.prompt, c) for it in items for c in it.candidates], batch_size=4)
+    for budget in (64, 100_000):  # one row per batch, everything in one batch
+        got = [s for g in score_groups(model, groups, max_batch_tokens=budget) for s in g]
+        torch.testing.assert_close(torch.tensor([s.logprob for s in got]), torch.tensor([s.logprob for s in ref]),
+                                   rtol=0, atol=1e-4)
+        assert [(s.n_tokens, s.is_greedy) for s in got] == [(s.n_tokens, s.is_greedy) for s in ref]
+
+
+def test_out_of_memory_halves_the_batch(final_model, arith_spec, monkeypatch):
+    from probeselect.spans import group_pairs, score_groups
+
+    model, tok = final_model
+    items = generate_items(arith_spec, [0])
+    groups = [group_pairs([encode_pair(tok, it.prompt, c) for c in it.candidates]) for it in items]
+    ref = score_groups(model, groups, max_batch_tokens=100_000)
+    decoder = model.get_decoder()
+    real_forward = decoder.forward
+    seen = []
+
+    def flaky(*args, **kw):
+        rows = kw["input_ids"].shape[0]
+        seen.append(rows)
+        if rows > 4:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real_forward(*args, **kw)
+
+    monkeypatch.setattr(decoder, "forward", flaky)
+    got = score_groups(model, groups, max_batch_tokens=100_000)
+    assert seen[:3] == [len(groups), len(groups) // 2, len(groups) // 4]  # halved until it fits
+    torch.testing.assert_close(torch.tensor([s.logprob for g in got for s in g]),
+                               torch.tensor([s.logprob for g in ref for s in g]), rtol=0, atol=1e-4)

@@ -29,6 +29,11 @@ _EXPORTS = {
     "ScoreResult": "score",
     "score_checkpoints": "score",
     "build_toy_ladder": "toy.ladder",
+    "compute_dynamics": "dynamics",
+    "average_checkpoints": "average",
+    "compare_averaging": "average",
+    "shortlist": "shortlist",
+    "write_report": "report",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -46,3 +51,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .probes import FamilySpec, ProbeItem, generate_items, load_spec
     from .score import ScoreResult, score_checkpoints
     from .toy.ladder import build_toy_ladder
+    from .average import average_checkpoints, compare_averaging
+    from .dynamics import compute_dynamics
+    from .report import write_report
+    from .shortlist import shortlist

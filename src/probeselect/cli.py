@@ -39,14 +39,23 @@ def _cmd_score(args: argparse.Namespace) -> int:
         out=out,
         dtype=args.dtype,
         device=args.device,
-        batch_size=args.batch_size,
+        max_batch_tokens=args.max_batch_tokens,
         max_length=args.max_length,
         tokenizer=args.tokenizer,
         allow_tokenizer_mismatch=args.allow_tokenizer_mismatch,
+        keep_going=args.keep_going,
+        chunk_items=args.chunk_items,
         progress=not args.no_progress,
     )
-    n_ckpt = res.scores["checkpoint"].nunique()
-    if not res.scored:
+    if int(__import__("os").environ.get("RANK", "0")) != 0:
+        return 0  # rank 0 reports
+    n_ckpt = len(res.manifest["checkpoints"])
+    for name, err in res.failed.items():
+        print(f"FAILED {name}: {err}", file=sys.stderr)
+    if res.failed:
+        print(f"{len(res.failed)} checkpoint(s) failed and were skipped (--keep-going); the manifest "
+              "marks this run incomplete.", file=sys.stderr)
+    if not res.scored and not res.failed:
         print(f"all {n_ckpt} checkpoints were already scored (cache hit); no model work done.", file=sys.stderr)
     else:
         print(f"scored {len(res.scored)} of {n_ckpt} checkpoints in {time.perf_counter() - t0:.1f}s "
@@ -55,6 +64,53 @@ def _cmd_score(args: argparse.Namespace) -> int:
     with __import__("pandas").option_context("display.width", 160, "display.max_rows", 200):
         print(res.summary[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     print(f"results: {out}/ (summary.csv, scores.parquet, items.jsonl, manifest.json)")
+    return 0
+
+
+def _cmd_dynamics(args: argparse.Namespace) -> int:
+    from .dynamics import compute_dynamics
+
+    res = compute_dynamics(args.run_dir, noise_window=args.noise_window, plots=not args.no_plots)
+    cols = ["track", "n_checkpoints", "sign_changes", "total_variation", "flip_rate", "largest_drop", "snr_last_diff"]
+    cols = [c for c in cols if c in res.stats.columns]
+    print(res.stats[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    for note in res.notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(f"dynamics: {res.out_dir}/ (dynamics.csv, trajectories.csv, pairs.csv, correlation.csv, plots)")
+    return 0
+
+
+def _cmd_average(args: argparse.Namespace) -> int:
+    from .average import average_checkpoints
+
+    paths = average_checkpoints(args.ckpt_dir, window=args.window, out_dir=args.out, mode=args.mode,
+                                overwrite=args.overwrite, progress=not args.no_progress)
+    for p in paths:
+        print(p)
+    print(f"{len(paths)} averaged checkpoint(s) (window {args.window}, {args.mode}) in "
+          f"{paths[0].parent if paths else args.out}", file=sys.stderr)
+    return 0
+
+
+def _cmd_shortlist(args: argparse.Namespace) -> int:
+    from .shortlist import shortlist
+
+    res = shortlist(args.run_dir, args.plan, out_dir=args.out)
+    cols = [c for c in ("checkpoint", "step", "aggregate_rank", "one_probe_winner", "passes_constraints",
+                        "selected", "reason") if c in res.table.columns]
+    with __import__("pandas").option_context("display.width", 200, "display.max_colwidth", 80):
+        print(res.table[cols].to_string(index=False, float_format=lambda x: f"{x:.2f}"))
+    for note in res.notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(f"shortlist: {', '.join(res.selected) or '(none)'} -> {res.csv_path}")
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from .report import write_report
+
+    md, html = write_report(args.run_dir, averaged_run_dir=args.averaged)
+    print(f"report: {md} and {html}")
     return 0
 
 
@@ -88,13 +144,52 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="model dtype (default float32; float16 needs CUDA)")
     s.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda, cuda:1, ...")
-    s.add_argument("--batch-size", type=int, default=16, help="requests per forward pass (default 16)")
+    s.add_argument("--max-batch-tokens", type=int, default=8192,
+                   help="padded tokens per forward pass; halves automatically on out-of-memory (default 8192)")
+    s.add_argument("--chunk-items", type=int, default=1024,
+                   help="items per work unit, the grain of caching, resuming and multi-process sharding (default 1024)")
+    s.add_argument("--keep-going", action="store_true",
+                   help="skip (and record) checkpoints that fail to load instead of stopping")
     s.add_argument("--max-length", type=int, default=None, help="context limit in tokens (default: the model's)")
     s.add_argument("--tokenizer", default=None, help="tokenizer folder, for checkpoints saved without one")
     s.add_argument("--allow-tokenizer-mismatch", action="store_true",
                    help="score checkpoints even if their tokenizers differ")
     s.add_argument("--no-progress", action="store_true", help="hide progress bars")
     s.set_defaults(func=_cmd_score)
+
+    d = sub.add_parser("dynamics", help="mode-hopping, signal/noise and correlation statistics of a scored run",
+                       description="Read RUN_DIR's scoring tables and write dynamics.csv, trajectories.csv, "
+                                   "pairs.csv, correlation.csv and plots into RUN_DIR/dynamics/.")
+    d.add_argument("run_dir", metavar="RUN_DIR", help="a folder written by `probeselect score`")
+    d.add_argument("--noise-window", type=int, default=5, help="last W checkpoints used for the noise estimate (default 5)")
+    d.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    d.set_defaults(func=_cmd_dynamics)
+
+    a = sub.add_parser("average", help="write uniform averages of K consecutive checkpoints",
+                       description="Average the weights of every window of K consecutive checkpoints of CKPT_DIR "
+                                   "into standard HF folders whose metadata names the sources.")
+    a.add_argument("ckpt_dir", metavar="CKPT_DIR", help="a folder of checkpoints")
+    a.add_argument("--window", type=int, required=True, metavar="K", help="checkpoints per average")
+    a.add_argument("--out", default=None, help="output folder (default <CKPT_DIR>-avg<K>)")
+    a.add_argument("--mode", choices=["sliding", "disjoint"], default="sliding",
+                   help="sliding windows (n-K+1 outputs, default) or disjoint windows")
+    a.add_argument("--overwrite", action="store_true", help="recompute existing averaged folders")
+    a.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    a.set_defaults(func=_cmd_average)
+
+    sl = sub.add_parser("shortlist", help="shortlist bases across probes and prompt variants under a plan",
+                        description="Rank checkpoints on the plan's proxies, apply its constraints, flag one-probe "
+                                    "winners and write shortlist.csv / shortlist.json.")
+    sl.add_argument("run_dir", metavar="RUN_DIR", help="a folder written by `probeselect score`")
+    sl.add_argument("--plan", required=True, help="selection plan YAML, e.g. recipes/selection.yaml")
+    sl.add_argument("--out", default=None, help="output folder (default RUN_DIR)")
+    sl.set_defaults(func=_cmd_shortlist)
+
+    r = sub.add_parser("report", help="write report.md and a self-contained report.html for a run",
+                       description="Write RUN_DIR/report.md and RUN_DIR/report.html (plots embedded).")
+    r.add_argument("run_dir", metavar="RUN_DIR", help="a folder written by `probeselect score`")
+    r.add_argument("--averaged", default=None, help="scored run of averaged checkpoints to compare against")
+    r.set_defaults(func=_cmd_report)
     return p
 
 

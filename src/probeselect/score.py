@@ -8,9 +8,11 @@ nats. One checkpoint is resident at a time. When ``out`` is given it writes a ru
 * ``scores.parquet`` - one row per checkpoint x item x seed;
 * ``summary.csv`` - per checkpoint x family x variant (see :func:`tables.summarize_scores`);
 * ``manifest.json`` - versions, git commit, resolved config, checkpoint fingerprints,
-  probe spec hashes, seeds, and which (checkpoint, family) pairs are complete;
-* ``cache/`` - per-checkpoint score parts keyed by (checkpoint fingerprint, items hash,
-  scoring config); a re-run scores only checkpoints whose part is missing.
+  probe spec hashes, seeds, which (checkpoint, family) pairs are complete and which
+  checkpoints failed; ``status`` is ``running`` until the tables are written;
+* ``cache/<checkpoint>/`` - one parquet part per (checkpoint, family, item chunk) unit,
+  keyed by (checkpoint fingerprint, chunk items hash, scoring config); a re-run, or a
+  run resumed after a kill, scores only the missing units.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from .checkpoints import Checkpoint, discover_checkpoints
 from .errors import CheckpointError, ProbeSpecError
 from .manifest import base_manifest
 from .probes import FamilySpec, ProbeItem, generate_items, load_spec
-from .spans import EncodedPair, encode_pair, score_pairs
+from ._dist import dist_context, split_contiguous
+from .spans import EncodedGroup, encode_pair, group_pairs, score_groups
 from .tables import summarize_scores
 
 __all__ = ["ScoreResult", "score_checkpoints", "resolve_device", "resolve_dtype", "load_model", "load_tokenizer"]
@@ -57,6 +60,7 @@ class ScoreResult:
     manifest: dict[str, Any]
     run_dir: Path | None = None
     scored: list[str] = field(default_factory=list)  # checkpoints scored now (not from cache)
+    failed: dict[str, str] = field(default_factory=dict)  # checkpoint -> load error (keep_going)
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -93,9 +97,22 @@ def load_model(path: Path, dtype: torch.dtype, device: torch.device):
     major = int(transformers.__version__.split(".")[0])
     kw = {"dtype": dtype} if major >= 5 else {"torch_dtype": dtype}
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=False, **kw)
+        model, info = AutoModelForCausalLM.from_pretrained(
+            str(path), trust_remote_code=False, output_loading_info=True, **kw
+        )
     except Exception as exc:
-        raise CheckpointError(f"{path}: failed to load the model ({type(exc).__name__}: {exc}).") from None
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise CheckpointError(f"{path}: failed to load the model ({type(exc).__name__}: {msg}).") from None
+    # transformers initialises missing weights randomly and only warns; a checkpoint with
+    # missing tensors would then score as noise. Refuse it.
+    bad = {k: list(info.get(k) or []) for k in ("missing_keys", "mismatched_keys")}
+    if bad["missing_keys"] or bad["mismatched_keys"]:
+        what = "missing" if bad["missing_keys"] else "shape-mismatched"
+        keys = bad["missing_keys"] or [str(k) for k in bad["mismatched_keys"]]
+        raise CheckpointError(
+            f"{path}: failed to load the model: {len(keys)} {what} weight tensor(s) (e.g. {keys[0]}); "
+            "the weights do not match config.json. Re-save or re-copy the checkpoint."
+        )
     return model.to(device).eval()
 
 
@@ -103,27 +120,61 @@ def _item_rows(items: Sequence[ProbeItem]) -> list[dict]:
     return [it.to_dict() for it in items]
 
 
-def _encode_items(tokenizer, items: Sequence[ProbeItem]) -> list[list[EncodedPair]]:
+def _encode_items(tokenizer, items: Sequence[ProbeItem]) -> list[EncodedGroup]:
+    """Tokenize every (prompt, candidate) pair once; one group per item."""
     return [
-        [
-            encode_pair(tokenizer, it.prompt, cand, what=f"item {it.item_id} (seed {it.seed}) candidate {cand!r}")
-            for cand in it.candidates
-        ]
+        group_pairs(
+            [
+                encode_pair(tokenizer, it.prompt, cand, what=f"item {it.item_id} (seed {it.seed}) candidate {cand!r}")
+                for cand in it.candidates
+            ]
+        )
         for it in items
     ]
 
 
-def _score_one(ckpt: Checkpoint, model, items, encoded, *, batch_size, max_length, device, progress) -> pd.DataFrame:
-    flat = [p for enc in encoded for p in enc]
-    bar = tqdm(total=len(flat), desc=f"  {ckpt.name}", unit="req", leave=False, disable=not progress)
+@dataclass(frozen=True)
+class WorkUnit:
+    """One (checkpoint, family, item chunk) unit of scoring work: the grain of caching,
+    resumption and distribution."""
+
+    ckpt_index: int
+    family: str
+    chunk: int
+    item_slice: tuple[int, int]  # [start, stop) into the run's item list
+    key: str  # cache key: checkpoint fingerprint + chunk items hash + scoring config
+
+
+def _plan_units(ckpts, items, fams, chunk_items: int, scoring_config) -> list[WorkUnit]:
+    spans: dict[str, list[int]] = {}
+    for i, it in enumerate(items):
+        spans.setdefault(it.family, []).append(i)
+    units = []
+    for ci, ck in enumerate(ckpts):
+        for fam in fams:
+            idx = spans.get(fam, [])
+            lo, hi = idx[0], idx[-1] + 1  # a family's items are contiguous
+            for c, s in enumerate(range(lo, hi, chunk_items)):
+                e = min(s + chunk_items, hi)
+                h = canonical_json_hash([items[k].to_dict() for k in range(s, e)])
+                key = canonical_json_hash({"fp": ck.fingerprint, "items": h, "cfg": scoring_config})
+                units.append(WorkUnit(ci, fam, c, (s, e), key))
+    return units
+
+
+def _cache_path(run_dir: Path, ckpt: Checkpoint, unit: WorkUnit) -> Path:
+    return run_dir / "cache" / ckpt.name / f"{unit.family}-{unit.chunk:04d}-{unit.key[:16]}.parquet"
+
+
+def _score_unit(ckpt: Checkpoint, model, items, encoded, *, max_batch_tokens, max_length, device, progress) -> pd.DataFrame:
+    bar = tqdm(total=len(items), desc=f"  {ckpt.name}", unit="item", leave=False, disable=not progress)
     try:
-        spans = score_pairs(model, flat, batch_size=batch_size, max_length=max_length, device=device, progress=bar)
+        spans = score_groups(model, encoded, max_batch_tokens=max_batch_tokens, max_length=max_length,
+                             device=device, progress=bar)
     finally:
         bar.close()
-    rows, k = [], 0
-    for it, enc in zip(items, encoded):
-        sc = spans[k : k + len(enc)]
-        k += len(enc)
+    rows = []
+    for it, sc in zip(items, spans):
         lps = [s.logprob for s in sc]
         task, short = sc[0], sc[1]
         margin = task.logprob - short.logprob
@@ -160,22 +211,30 @@ def score_checkpoints(
     out: str | Path | None = None,
     dtype: str = "float32",
     device: str = "auto",
-    batch_size: int = 16,
+    max_batch_tokens: int = 8192,
     max_length: int | None = None,
     tokenizer: str | Path | None = None,
     allow_tokenizer_mismatch: bool = False,
+    keep_going: bool = False,
+    chunk_items: int = 1024,
     progress: bool = True,
 ) -> ScoreResult:
     """Score every checkpoint with every probe spec under every evaluation seed.
 
     ``checkpoints`` is a directory (see :func:`discover_checkpoints`) or a list of
     :class:`Checkpoint`; ``probes`` are spec files or :class:`FamilySpec` objects.
-    Margins are in nats. Returns a :class:`ScoreResult`; writes a run folder when ``out``
-    is given (re-runs reuse cached per-checkpoint parts).
+    Margins are in nats. Work is split into (checkpoint, family, item-chunk) units; with
+    ``out`` each finished unit is cached, so a re-run (or a run resumed after a kill)
+    scores only what is missing. Launched under ``accelerate launch``/``torchrun`` the
+    units are sharded across processes and every rank returns the same tables; rank 0
+    writes the files. A checkpoint that fails to load stops the run with
+    :class:`CheckpointError`, or with ``keep_going`` is recorded as failed and skipped.
     """
     seeds = [int(s) for s in seeds]
     if not seeds or len(set(seeds)) != len(seeds):
         raise ProbeSpecError(f"seeds must be a non-empty list of distinct integers, got {seeds}.")
+    if max_batch_tokens < 1 or chunk_items < 1:
+        raise ProbeSpecError("max_batch_tokens and chunk_items must be positive.")
     if not probes:
         raise ProbeSpecError("no probe specs given; pass at least one, e.g. --probes probes/arith_pattern.yaml.")
     specs = [p if isinstance(p, FamilySpec) else load_spec(p) for p in probes]  # cheap checks first
@@ -187,12 +246,17 @@ def score_checkpoints(
     dup = sorted({f for f in fams if fams.count(f) > 1})
     if dup:
         raise ProbeSpecError(f"probe family {dup[0]!r} is given twice; merge the specs or drop one.")
+    # Items grouped by family (contiguous), then seed, variant, index.
     items = [it for s in specs for it in generate_items(s, seeds)]
     item_dicts = _item_rows(items)
     items_hash = canonical_json_hash(item_dicts)
 
+    dist = dist_context()
+    if device == "auto" and dist.world_size > 1 and torch.cuda.is_available():
+        device = f"cuda:{dist.local_rank}"
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
+    progress = progress and dist.is_main
     scoring_config = {"dtype": dtype, "device_type": dev.type, "max_length": max_length, "scorer": "spans-v1"}
     config = {
         "checkpoints": str(checkpoints) if isinstance(checkpoints, (str, Path)) else [c.name for c in ckpts],
@@ -200,10 +264,13 @@ def score_checkpoints(
         "seeds": seeds,
         "dtype": dtype,
         "device": str(dev),
-        "batch_size": batch_size,
+        "world_size": dist.world_size,
+        "max_batch_tokens": max_batch_tokens,
         "max_length": max_length,
+        "chunk_items": chunk_items,
         "tokenizer": str(tokenizer) if tokenizer else None,
         "allow_tokenizer_mismatch": allow_tokenizer_mismatch,
+        "keep_going": keep_going,
     }
     manifest = base_manifest("score", config)
     manifest.update(
@@ -226,53 +293,95 @@ def score_checkpoints(
         failed=[],
     )
     run_dir = Path(out) if out is not None else None
-    if run_dir is not None:
+    if run_dir is not None and dist.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
+        # Mark the folder as in progress before touching outputs: stale tables from an
+        # earlier run must never sit next to a manifest that calls them complete.
         atomic_write_json(run_dir / "manifest.json", manifest)
+        for name in ("scores.parquet", "summary.csv"):
+            (run_dir / name).unlink(missing_ok=True)
         atomic_write_jsonl(run_dir / "items.jsonl", item_dicts)
+    dist.barrier()
 
-    encoded_by_tok: dict[Any, list[list[EncodedPair]]] = {}
+    units = _plan_units(ckpts, items, fams, chunk_items, scoring_config)
+    mine = [units[i] for i in split_contiguous(len(units), dist.world_size, dist.rank)]
+    encoded_by_tok: dict[Any, list[EncodedGroup]] = {}
     tok_override = Path(tokenizer) if tokenizer else None
-    parts: list[pd.DataFrame] = []
-    scored_now: list[str] = []
-    outer = tqdm(ckpts, desc="checkpoints", unit="ckpt", disable=not progress)
-    for ckpt in outer:
+    done: dict[int, pd.DataFrame] = {}  # unit index -> rows
+    scored_now: set[str] = set()
+    failed: dict[str, str] = {}
+    unit_index = {u: i for i, u in enumerate(units)}
+    by_ckpt: dict[int, list[WorkUnit]] = {}
+    for u in mine:
+        by_ckpt.setdefault(u.ckpt_index, []).append(u)
+
+    outer = tqdm(by_ckpt.items(), desc="checkpoints", unit="ckpt", disable=not progress)
+    for ci, ck_units in outer:
+        ckpt = ckpts[ci]
         outer.set_postfix_str(ckpt.name)
-        key = canonical_json_hash({"fp": ckpt.fingerprint, "items": items_hash, "cfg": scoring_config})
-        cache = run_dir / "cache" / f"{ckpt.name}-{key[:16]}.parquet" if run_dir else None
-        if cache is not None and cache.is_file():
-            part = pd.read_parquet(cache)
-        else:
+        todo = []
+        for u in ck_units:
+            cache = _cache_path(run_dir, ckpt, u) if run_dir else None
+            if cache is not None and cache.is_file():
+                done[unit_index[u]] = pd.read_parquet(cache)
+            else:
+                todo.append((u, cache))
+        if not todo:
+            continue
+        try:
             tok_key = "override" if tok_override else ckpt.tokenizer_hash or ckpt.name
             if tok_key not in encoded_by_tok:
                 tok = load_tokenizer(tok_override or ckpt.path)
                 encoded_by_tok[tok_key] = _encode_items(tok, items)
             model = load_model(ckpt.path, torch_dtype, dev)
-            try:
-                part = _score_one(ckpt, model, items, encoded_by_tok[tok_key], batch_size=batch_size,
-                                  max_length=max_length, device=dev, progress=progress)
-            finally:
-                del model
-                gc.collect()
-                if dev.type == "cuda":
-                    torch.cuda.empty_cache()
-            scored_now.append(ckpt.name)
-            if cache is not None:
-                atomic_write_parquet(cache, part)
-        parts.append(part)
-        manifest["complete"].extend({"checkpoint": ckpt.name, "family": f} for f in fams)
+        except CheckpointError as exc:
+            if not keep_going:
+                raise
+            log.warning("skipping %s: %s", ckpt.name, exc)
+            failed[ckpt.name] = str(exc)
+            continue
+        try:
+            for u, cache in todo:
+                s, e = u.item_slice
+                part = _score_unit(ckpt, model, items[s:e], encoded_by_tok[tok_key][s:e],
+                                   max_batch_tokens=max_batch_tokens, max_length=max_length, device=dev,
+                                   progress=progress)
+                if cache is not None:
+                    atomic_write_parquet(cache, part)
+                done[unit_index[u]] = part
+                scored_now.add(ckpt.name)
+        finally:
+            del model
+            gc.collect()
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
     outer.close()
 
-    scores = pd.concat(parts, ignore_index=True)
-    summary = summarize_scores(scores)
+    # Gather every rank's units (and failures) so all ranks hold the same tables.
+    gathered = dist.all_gather((done, failed, sorted(scored_now)))
+    done, failed, scored_list = {}, {}, []
+    for d, f, sc in gathered:
+        done.update(d)
+        failed.update(f)
+        scored_list.extend(sc)
+    missing = [u for i, u in enumerate(units) if i not in done and ckpts[u.ckpt_index].name not in failed]
+    if missing:  # cannot happen unless a rank died silently; never present partial results
+        raise RuntimeError(f"{len(missing)} work units produced no result")
+    parts = [done[i] for i in range(len(units)) if i in done]
+    scores = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    summary = summarize_scores(scores) if len(scores) else pd.DataFrame()
     items_df = pd.DataFrame(item_dicts)
-    manifest["status"] = "complete"
-    manifest["scored_now"] = scored_now
-    if run_dir is not None:
+    manifest["complete"] = [{"checkpoint": c.name, "family": f} for c in ckpts if c.name not in failed for f in fams]
+    manifest["failed"] = [{"checkpoint": n, "error": e} for n, e in failed.items()]
+    manifest["status"] = "complete" if not failed else "incomplete"
+    manifest["scored_now"] = [c.name for c in ckpts if c.name in set(scored_list)]
+    if run_dir is not None and dist.is_main:
         atomic_write_parquet(run_dir / "scores.parquet", scores)
         atomic_write_csv(run_dir / "summary.csv", summary)
         manifest["outputs"] = {
             name: sha256_file(run_dir / name) for name in ("items.jsonl", "scores.parquet", "summary.csv")
         }
         atomic_write_json(run_dir / "manifest.json", manifest)
-    return ScoreResult(items=items_df, scores=scores, summary=summary, manifest=manifest, run_dir=run_dir, scored=scored_now)
+    dist.barrier()
+    return ScoreResult(items=items_df, scores=scores, summary=summary, manifest=manifest, run_dir=run_dir,
+                       scored=manifest["scored_now"], failed=dict(failed))

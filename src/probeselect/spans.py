@@ -174,3 +174,180 @@ def score_pairs(
         if progress is not None:
             progress.update(len(idx))
     return results  # type: ignore[return-value]
+
+
+# ---------------------------------------------------------------------------
+# Shared-prefix scoring: every candidate of an item behind one copy of its prompt.
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EncodedGroup:
+    """One prompt and all its candidates (token ids), scored from a single prompt pass."""
+
+    context_ids: tuple[int, ...]
+    continuations: tuple[tuple[int, ...], ...]
+
+
+def group_pairs(pairs: Sequence[EncodedPair]) -> EncodedGroup:
+    """Combine requests that share one context into a group."""
+    ctx = pairs[0].context_ids
+    if any(p.context_ids != ctx for p in pairs):
+        raise ValueError("all pairs of a group must share the context")
+    return EncodedGroup(ctx, tuple(p.continuation_ids for p in pairs))
+
+
+def _packing_mode(model) -> str | None:
+    """How to pass a custom 4D mask to this model's attention ("bool", "float"), or None."""
+    impl = getattr(model.config, "_attn_implementation", None) or "eager"
+    if impl == "sdpa":
+        return "bool"
+    if impl == "eager":
+        return "float"
+    return None  # flash/flex/paged kernels take no arbitrary 4D mask
+
+
+def _pack_group(g: EncodedGroup, max_length: int):
+    """Token ids, position ids, segment ids and scoring targets for one packed row.
+
+    Layout: ``context + cand_1[:-1] + cand_2[:-1] + ...``. Segment 0 is the context;
+    candidate ``j`` is segment ``j+1`` and sees the context plus its own earlier tokens.
+    Positions restart after the context for every candidate, so each candidate sees
+    exactly the positions it would see alone. Contexts are truncated from the left so
+    that the longest candidate fits in ``max_length`` (lm-eval's rule for that candidate).
+    """
+    longest = max(len(c) for c in g.continuations)
+    keep = max(1, max_length + 1 - longest)
+    ctx = list(g.context_ids[-keep:])
+    p = len(ctx)
+    ids, pos, seg = list(ctx), list(range(p)), [0] * p
+    # targets: (index of predicting position in the row, target token, candidate j)
+    targets: list[tuple[int, int, int]] = []
+    for j, cont in enumerate(g.continuations):
+        targets.append((p - 1, cont[0], j))
+        for t, tok in enumerate(cont[:-1]):
+            targets.append((len(ids), cont[t + 1], j))
+            ids.append(tok)
+            pos.append(p + t)
+            seg.append(j + 1)
+    return ids, pos, seg, p, targets
+
+
+def _build_mask(segs: list[list[int]], ctx_lens: list[int], width: int, mode: str, dtype, device):
+    n = len(segs)
+    seg = torch.full((n, width), -1, dtype=torch.long)
+    for r, s in enumerate(segs):
+        seg[r, : len(s)] = torch.tensor(s)
+    idx = torch.arange(width)
+    causal = idx[None, :] <= idx[:, None]  # [q, k]
+    same = seg[:, :, None] == seg[:, None, :]  # [b, q, k]
+    in_ctx = idx[None, None, :] < torch.tensor(ctx_lens)[:, None, None]  # key is a context token
+    real_k = seg[:, None, :] >= 0
+    allowed = causal[None] & real_k & (same | in_ctx)
+    allowed |= torch.eye(width, dtype=torch.bool)[None]  # padded queries attend to themselves (no NaN)
+    allowed = allowed[:, None].to(device)
+    if mode == "bool":
+        return allowed
+    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+def _is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+@torch.inference_mode()
+def score_groups(
+    model,
+    groups: Sequence[EncodedGroup],
+    *,
+    max_batch_tokens: int = 8192,
+    max_length: int | None = None,
+    device: torch.device | str | None = None,
+    progress=None,
+) -> list[list[SpanScore]]:
+    """Score every candidate of every group, running each prompt once.
+
+    Candidates are packed behind their prompt with a block mask and restarted position
+    ids, and the LM head is applied only to the last prompt position and the candidate
+    positions. Rows are sorted longest first and batched up to ``max_batch_tokens``
+    (padded) tokens; on out-of-memory the budget halves and the batch is retried.
+    Falls back to :func:`score_pairs` (one sequence per candidate) for attention
+    kernels that take no custom mask. Returns, per group, one :class:`SpanScore` per
+    candidate in the group's order.
+    """
+    mode = _packing_mode(model)
+    if mode is None or not _head_only_supported(model):
+        flat = [EncodedPair(g.context_ids, c) for g in groups for c in g.continuations]
+        scores = score_pairs(model, flat, batch_size=max(1, max_batch_tokens // 512), max_length=max_length, device=device)
+        out, k = [], 0
+        for g in groups:
+            out.append(scores[k : k + len(g.continuations)])
+            k += len(g.continuations)
+        if progress is not None:
+            progress.update(len(groups))
+        return out
+
+    if device is None:
+        device = next(model.parameters()).device
+    max_length = max_length or _model_max_length(model)
+    for g in groups:
+        if max(len(c) for c in g.continuations) > max_length:
+            raise ScoringError(f"a continuation exceeds the model's {max_length}-token context")
+    packed = [_pack_group(g, max_length) for g in groups]
+    order = sorted(range(len(groups)), key=lambda i: -len(packed[i][0]))
+    dtype = next(model.parameters()).dtype
+    pad_id = getattr(model.config, "pad_token_id", None) or 0
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
+    results: list[list[SpanScore] | None] = [None] * len(groups)
+
+    start, budget = 0, max_batch_tokens
+    while start < len(order):
+        width = len(packed[order[start]][0])
+        rows = max(1, budget // max(width, 1))
+        idx = order[start : start + rows]
+        try:
+            ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
+            pos = torch.zeros((len(idx), width), dtype=torch.long)
+            for r, i in enumerate(idx):
+                row_ids, row_pos = packed[i][0], packed[i][1]
+                ids[r, : len(row_ids)] = torch.tensor(row_ids)
+                pos[r, : len(row_pos)] = torch.tensor(row_pos)
+            mask = _build_mask([packed[i][2] for i in idx], [packed[i][3] for i in idx], width, mode, dtype, device)
+            hidden = decoder(input_ids=ids.to(device), attention_mask=mask, position_ids=pos.to(device)).last_hidden_state
+            # Unique scoring positions per row (the last prompt position is shared by all candidates).
+            rows_l, cols_l, tgt_rows, tgt_tokens, owners = [], [], [], [], []
+            for r, i in enumerate(idx):
+                where: dict[int, int] = {}
+                for col, tok, j in packed[i][4]:
+                    if col not in where:
+                        where[col] = len(rows_l)
+                        rows_l.append(r)
+                        cols_l.append(col)
+                    tgt_rows.append(where[col])
+                    tgt_tokens.append(tok)
+                    owners.append((i, j))
+            logits = head(hidden[torch.tensor(rows_l, device=device), torch.tensor(cols_l, device=device)])
+            logprobs = torch.log_softmax(logits.float(), dim=-1)
+            sel = logprobs[torch.tensor(tgt_rows, device=device)]
+            tgt = torch.tensor(tgt_tokens, device=device)
+            token_lp = sel.gather(-1, tgt[:, None])[:, 0].double().cpu().tolist()
+            greedy = (sel.argmax(-1) == tgt).cpu().tolist()
+        except (RuntimeError, torch.OutOfMemoryError) as exc:
+            if _is_oom(exc) and rows > 1:
+                budget = max(width, (len(idx) * width) // 2)
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                continue
+            raise
+        acc: dict[tuple[int, int], list] = {}
+        for (i, j), lp, gr in zip(owners, token_lp, greedy):
+            a = acc.setdefault((i, j), [0.0, 0, True])
+            a[0] += lp
+            a[1] += 1
+            a[2] = a[2] and gr
+        for i in idx:
+            results[i] = [SpanScore(*acc[(i, j)]) for j in range(len(groups[i].continuations))]
+        if progress is not None:
+            progress.update(len(idx))
+        start += len(idx)
+    return results  # type: ignore[return-value]
