@@ -22,10 +22,24 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet -e ".[test]"
 	touch $@
 
+PROBES := probes/arith_pattern.yaml probes/tmpl_repeated.yaml probes/tmpl_mismatch.yaml \
+	probes/tmpl_flipped.yaml probes/demo/persona_qa.yaml probes/capability/arith_plain.yaml \
+	probes/capability/relation_plain.yaml probes/capability/persona_plain.yaml
+
 demo: install
 	$(BIN)/probeselect toy-ladder $(DEMO_DIR)/ladder
-	$(BIN)/probeselect score $(DEMO_DIR)/ladder --probes probes/arith_pattern.yaml --out $(DEMO_DIR)/score
-	@echo "demo results: $(DEMO_DIR)/score (summary.csv, scores.parquet, items.jsonl, manifest.json)"
+	$(BIN)/probeselect score $(DEMO_DIR)/ladder --probes $(PROBES) \
+		--heldout $(DEMO_DIR)/ladder/data/heldout.txt --out $(DEMO_DIR)/score
+	$(BIN)/probeselect average $(DEMO_DIR)/ladder --window 3 --out $(DEMO_DIR)/ladder-avg3
+	$(BIN)/probeselect score $(DEMO_DIR)/ladder-avg3 --probes $(PROBES) --audit-items 0 \
+		--heldout $(DEMO_DIR)/ladder/data/heldout.txt --out $(DEMO_DIR)/score/averaged
+	$(BIN)/probeselect dynamics $(DEMO_DIR)/score
+	$(BIN)/probeselect shortlist $(DEMO_DIR)/score --plan recipes/selection.yaml
+	$(BIN)/probeselect report $(DEMO_DIR)/score
+	rm -rf results/example && mkdir -p results/example
+	cp -r $(DEMO_DIR)/score/report.md $(DEMO_DIR)/score/report.html $(DEMO_DIR)/score/summary.csv \
+		$(DEMO_DIR)/score/shortlist.csv $(DEMO_DIR)/score/manifest.json $(DEMO_DIR)/score/dynamics results/example/
+	@echo "demo results: $(DEMO_DIR)/ (ladder/, score/ with report.html); example copy in results/example/"
 
 test: install
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

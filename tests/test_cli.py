@@ -13,6 +13,27 @@ def test_module_and_console_script_agree():
 
 
 def test_every_subcommand_has_help():
-    for cmd in ("score", "toy-ladder", "dynamics", "average", "shortlist", "report"):
+    for cmd in ("score", "toy-ladder", "probes", "dynamics", "average", "shortlist", "report"):
         r = subprocess.run([sys.executable, "-m", "probeselect", cmd, "--help"], capture_output=True, text=True)
         assert r.returncode == 0 and "usage: probeselect" in r.stdout
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, "-m", "probeselect", *args], capture_output=True, text=True)
+
+
+def test_probes_subcommands(tmp_path):
+    from conftest import REPO
+
+    r = _run("probes", "list", "--dir", str(REPO / "probes"))
+    assert r.returncode == 0
+    for fam in ("arith_pattern", "tmpl_repeated", "tmpl_mismatch", "tmpl_flipped", "persona_qa", "arith_plain"):
+        assert fam in r.stdout
+    r = _run("probes", "validate", str(REPO / "probes"))
+    assert r.returncode == 0 and "0 invalid" in r.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("family: arith_pattern\nn_demos: 1\n")
+    r = _run("probes", "validate", str(bad))
+    assert r.returncode == 1 and "FAIL" in r.stdout and "n_demos" in r.stdout
+    r = _run("probes", "show", "arith_pattern", "--seed", "1", "-n", "2", "--variant", "eq")
+    assert r.returncode == 0 and r.stdout.count("[task]") == 2 and "seed 1" in r.stdout

@@ -54,7 +54,7 @@ def test_manifest(scored):
     assert {(c["checkpoint"], c["family"]) for c in m["complete"]} == {
         (c["name"], "arith_pattern") for c in m["checkpoints"]
     }
-    assert set(m["outputs"]) == {"items.jsonl", "scores.parquet", "summary.csv"}
+    assert {"items.jsonl", "scores.parquet", "summary.csv", "audit.parquet"} <= set(m["outputs"])
 
 
 def test_rerun_uses_cache_and_new_checkpoint_only(scored, tiny_ladder, arith_spec, tmp_path):
@@ -118,3 +118,50 @@ def test_cli_errors_are_one_line(tmp_path):
     r = _cli("score", str(tmp_path / "ck"), "--probes", str(bad))
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "bad.yaml" in r.stderr and 'Did you mean "arith_pattern"' in r.stderr
+
+
+def test_capability_and_heldout_tracks_in_summary(tiny_ladder, tmp_path):
+    from probeselect.capability import heldout_nll, load_heldout_texts
+    from probeselect.probes import spec_from_dict
+    from probeselect.score import load_model, load_tokenizer
+
+    heldout = tiny_ladder / "data" / "heldout.txt"
+    specs = [spec_from_dict({"family": "arith_pattern", "n_items": 3}),
+             spec_from_dict({"family": "arith_plain", "n_items": 3})]
+    res = score_checkpoints(tiny_ladder, specs, seeds=[0], out=tmp_path / "run", heldout=heldout, progress=False)
+    summ = res.summary
+    assert set(summ["kind"]) == {"conflict", "capability", "nll"}
+    nll = summ[summ["kind"] == "nll"].set_index("checkpoint")
+    assert list(nll["family"].unique()) == ["heldout_nll"] and len(nll) == summ["checkpoint"].nunique()
+    # The track equals a direct call on one checkpoint.
+    last = res.manifest["checkpoints"][-1]
+    direct = heldout_nll(load_model(last["path"], __import__("torch").float32, __import__("torch").device("cpu")),
+                         load_tokenizer(last["path"]), load_heldout_texts(heldout))
+    assert nll.loc[last["name"], "bits_per_byte"] == pytest.approx(direct.bits_per_byte, abs=1e-6)
+    assert res.manifest["heldout"]["n_docs"] == direct.n_docs
+    # The scores table carries each family's kind.
+    assert dict(res.scores.groupby("family")["kind"].first()) == {"arith_pattern": "conflict", "arith_plain": "capability"}
+
+
+def test_generation_and_audit_outputs(tiny_ladder, tmp_path):
+    from probeselect.probes import spec_from_dict
+
+    specs = [spec_from_dict({"family": "arith_pattern", "n_items": 2}),
+             spec_from_dict({"family": "persona_qa", "n_items": 2, "variants": ["block"],
+                             "params": {"gen_samples": 8, "gen_max_new_tokens": 8}})]
+    out = tmp_path / "run"
+    res = score_checkpoints(tiny_ladder, specs, seeds=[0, 1], out=out, audit_items=2, progress=False)
+    n_ckpt = len(res.manifest["checkpoints"])
+    gen = pd.read_parquet(out / "generations.parquet")
+    assert len(gen) == n_ckpt * 2 * 2  # checkpoints x items x seeds
+    assert (gen[["n_task", "n_shortcut", "n_other_candidate", "n_other", "n_unterminated"]].sum(axis=1) == 8).all()
+    persona = res.summary[res.summary["family"] == "persona_qa"]
+    assert persona["gen_n"].eq(2 * 2 * 8).all()
+    assert ((persona["gen_ci_low"] <= persona["gen_consistency"]) & (persona["gen_consistency"] <= persona["gen_ci_high"])).all()
+    assert res.summary.loc[res.summary["family"] == "arith_pattern", "gen_n"].isna().all()
+    audit = pd.read_parquet(out / "audit.parquet")
+    assert len(audit) == n_ckpt * 2 * 2 and set(audit["seed"]) == {0}  # 2 items per family, first seed
+    summ = pd.read_csv(out / "audit_summary.csv")
+    assert {"agree_correct", "agree_candidate_correct", "gen_task_rate"} <= set(summ.columns)
+    m = json.loads((out / "manifest.json").read_text())
+    assert {"generations.parquet", "audit.parquet", "audit_summary.csv"} <= set(m["outputs"])

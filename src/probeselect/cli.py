@@ -45,6 +45,9 @@ def _cmd_score(args: argparse.Namespace) -> int:
         allow_tokenizer_mismatch=args.allow_tokenizer_mismatch,
         keep_going=args.keep_going,
         chunk_items=args.chunk_items,
+        heldout=args.heldout,
+        heldout_stride=args.heldout_stride,
+        audit_items=args.audit_items,
         progress=not args.no_progress,
     )
     if int(__import__("os").environ.get("RANK", "0")) != 0:
@@ -60,10 +63,29 @@ def _cmd_score(args: argparse.Namespace) -> int:
     else:
         print(f"scored {len(res.scored)} of {n_ckpt} checkpoints in {time.perf_counter() - t0:.1f}s "
               f"({n_ckpt - len(res.scored)} from cache).", file=sys.stderr)
-    cols = ["checkpoint", "step", "family", "variant", "mean_margin", "seed_sd", "accuracy", "candidate_accuracy"]
+    cols = [c for c in ("checkpoint", "step", "family", "variant", "kind", "mean_margin", "seed_sd", "accuracy",
+                        "candidate_accuracy", "bits_per_byte", "gen_consistency") if c in res.summary.columns]
     with __import__("pandas").option_context("display.width", 160, "display.max_rows", 200):
         print(res.summary[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     print(f"results: {out}/ (summary.csv, scores.parquet, items.jsonl, manifest.json)")
+    return 0
+
+
+def _cmd_probes(args: argparse.Namespace) -> int:
+    from .probes._cli import list_probes, show_items, validate_probe_files
+
+    if args.probes_command == "list":
+        print(list_probes(Path(args.dir) if args.dir else None))
+        return 0
+    if args.probes_command == "validate":
+        results = validate_probe_files([Path(f) for f in args.files])
+        bad = 0
+        for path, err in results:
+            print(f"{'FAIL' if err else 'ok  '} {path}" + (f": {err}" if err else ""))
+            bad += err is not None
+        print(f"{len(results) - bad} valid, {bad} invalid", file=sys.stderr)
+        return 1 if bad else 0
+    print(show_items(args.family, seed=args.seed, n=args.n, variant=args.variant))
     return 0
 
 
@@ -148,6 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="padded tokens per forward pass; halves automatically on out-of-memory (default 8192)")
     s.add_argument("--chunk-items", type=int, default=1024,
                    help="items per work unit, the grain of caching, resuming and multi-process sharding (default 1024)")
+    s.add_argument("--heldout", default=None, metavar="FILE",
+                   help="held-out text for the bits-per-byte track (.txt one document per line, .jsonl "
+                        "with `text`, or a saved datasets folder); e.g. <toy ladder>/data/heldout.txt")
+    s.add_argument("--heldout-stride", type=int, default=None,
+                   help="tokens between rolling windows (default: the context length, disjoint windows as in lm-eval)")
+    s.add_argument("--audit-items", type=int, default=50,
+                   help="items per family for the greedy generative audit (evaluation seed = first seed; 0 disables; default 50)")
     s.add_argument("--keep-going", action="store_true",
                    help="skip (and record) checkpoints that fail to load instead of stopping")
     s.add_argument("--max-length", type=int, default=None, help="context limit in tokens (default: the model's)")
@@ -156,6 +185,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="score checkpoints even if their tokenizers differ")
     s.add_argument("--no-progress", action="store_true", help="hide progress bars")
     s.set_defaults(func=_cmd_score)
+
+    pr = sub.add_parser("probes", help="list, validate and show probe families (no model needed)",
+                        description="Inspect probe families: list what is registered, validate spec and data "
+                                    "files, and print rendered items exactly as the model sees them.")
+    prs = pr.add_subparsers(dest="probes_command", required=True, metavar="ACTION")
+    pl = prs.add_parser("list", help="every registered family and variant with its item count")
+    pl.add_argument("--dir", default="probes", help="also list user families under this folder (default probes/)")
+    pv = prs.add_parser("validate", help="check spec YAML and data files without loading a model")
+    pv.add_argument("files", nargs="+", metavar="FILE", help="spec files or folders (searched for *.yaml)")
+    ps = prs.add_parser("show", help="print rendered items of a family or spec file")
+    ps.add_argument("family", metavar="FAMILY", help="a registered family name or a spec YAML path")
+    ps.add_argument("--seed", type=int, default=0, help="evaluation seed (default 0)")
+    ps.add_argument("-n", type=int, default=3, help="items per variant (default 3)")
+    ps.add_argument("--variant", default=None, help="only this variant")
+    pr.set_defaults(func=_cmd_probes)
 
     d = sub.add_parser("dynamics", help="mode-hopping, signal/noise and correlation statistics of a scored run",
                        description="Read RUN_DIR's scoring tables and write dynamics.csv, trajectories.csv, "

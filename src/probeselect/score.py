@@ -38,7 +38,15 @@ from ._io import (
 from .checkpoints import Checkpoint, discover_checkpoints
 from .errors import CheckpointError, ProbeSpecError
 from .manifest import base_manifest
-from .probes import FamilySpec, ProbeItem, generate_items, load_spec
+from .capability import heldout_nll, load_heldout_texts
+from .generation import (
+    generative_audit,
+    persona_generation_table,
+    select_audit_items,
+    summarize_audit,
+    summarize_generation,
+)
+from .probes import FamilySpec, ProbeItem, generate_items, get_family, load_spec
 from ._dist import dist_context, split_contiguous
 from .spans import EncodedGroup, encode_pair, group_pairs, score_groups
 from .tables import summarize_scores
@@ -61,6 +69,9 @@ class ScoreResult:
     run_dir: Path | None = None
     scored: list[str] = field(default_factory=list)  # checkpoints scored now (not from cache)
     failed: dict[str, str] = field(default_factory=dict)  # checkpoint -> load error (keep_going)
+    generations: pd.DataFrame | None = None  # sampled-generation counts per item (gen families)
+    audit: pd.DataFrame | None = None  # greedy generative audit, one row per audited item
+    audit_summary: pd.DataFrame | None = None
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -94,6 +105,7 @@ def load_model(path: Path, dtype: torch.dtype, device: torch.device):
     import transformers
     from transformers import AutoModelForCausalLM
 
+    transformers.utils.logging.disable_progress_bar()  # one line per checkpoint is enough
     major = int(transformers.__version__.split(".")[0])
     kw = {"dtype": dtype} if major >= 5 else {"torch_dtype": dtype}
     try:
@@ -142,10 +154,22 @@ class WorkUnit:
     family: str
     chunk: int
     item_slice: tuple[int, int]  # [start, stop) into the run's item list
-    key: str  # cache key: checkpoint fingerprint + chunk items hash + scoring config
+    key: str  # cache key: checkpoint fingerprint + chunk inputs hash + scoring config
+    task: str = "spans"  # spans | nll | gen | audit
 
 
-def _plan_units(ckpts, items, fams, chunk_items: int, scoring_config) -> list[WorkUnit]:
+def _gen_settings(spec: FamilySpec) -> dict | None:
+    """Sampled-generation settings of a spec (families with ``gen_samples`` > 0), else None."""
+    n = int(spec.params.get("gen_samples", 0) or 0)
+    if n <= 0:
+        return None
+    return {"n": n, "temperature": float(spec.params.get("gen_temperature", 1.0)),
+            "max_new_tokens": int(spec.params.get("gen_max_new_tokens", 16))}
+
+
+def _plan_units(ckpts, items, fams, chunk_items: int, scoring_config, heldout_hash: str | None = None,
+                gen: dict[str, dict] | None = None, audit_idx: list[int] | None = None,
+                audit_max_new_tokens: int = 16) -> list[WorkUnit]:
     spans: dict[str, list[int]] = {}
     for i, it in enumerate(items):
         spans.setdefault(it.family, []).append(i)
@@ -159,11 +183,43 @@ def _plan_units(ckpts, items, fams, chunk_items: int, scoring_config) -> list[Wo
                 h = canonical_json_hash([items[k].to_dict() for k in range(s, e)])
                 key = canonical_json_hash({"fp": ck.fingerprint, "items": h, "cfg": scoring_config})
                 units.append(WorkUnit(ci, fam, c, (s, e), key))
+        if heldout_hash is not None:
+            key = canonical_json_hash({"fp": ck.fingerprint, "heldout": heldout_hash, "cfg": scoring_config})
+            units.append(WorkUnit(ci, HELDOUT_FAMILY, 0, (0, 0), key, task="nll"))
+        for fam, settings in (gen or {}).items():
+            idx = spans[fam]
+            h = canonical_json_hash([items[k].to_dict() for k in idx])
+            key = canonical_json_hash({"fp": ck.fingerprint, "items": h, "gen": settings, "cfg": scoring_config})
+            units.append(WorkUnit(ci, fam, 0, (idx[0], idx[-1] + 1), key, task="gen"))
+        if audit_idx:
+            h = canonical_json_hash([items[k].to_dict() for k in audit_idx])
+            key = canonical_json_hash({"fp": ck.fingerprint, "audit": h, "max_new": audit_max_new_tokens,
+                                       "cfg": scoring_config})
+            units.append(WorkUnit(ci, "audit", 0, (0, 0), key, task="audit"))
     return units
 
 
+HELDOUT_FAMILY = "heldout_nll"
+
+
+def _nll_unit(ckpt: Checkpoint, model, tokenizer, texts, *, max_length, stride, device, source: str) -> pd.DataFrame:
+    res = heldout_nll(model, tokenizer, texts, max_length=max_length, stride=stride, device=device)
+    return pd.DataFrame([{
+        "checkpoint": ckpt.name, "step": ckpt.step, "tokens": ckpt.tokens, "family": HELDOUT_FAMILY,
+        "variant": "bpb", "kind": "nll", **res.to_dict(), "heldout_file": source,
+    }])
+
+
+def _with_checkpoint(df: pd.DataFrame, ckpt: Checkpoint) -> pd.DataFrame:
+    df = df.copy()
+    df.insert(0, "tokens", ckpt.tokens)
+    df.insert(0, "step", ckpt.step)
+    df.insert(0, "checkpoint", ckpt.name)
+    return df
+
+
 def _cache_path(run_dir: Path, ckpt: Checkpoint, unit: WorkUnit) -> Path:
-    return run_dir / "cache" / ckpt.name / f"{unit.family}-{unit.chunk:04d}-{unit.key[:16]}.parquet"
+    return run_dir / "cache" / ckpt.name / f"{unit.task}-{unit.family}-{unit.chunk:04d}-{unit.key[:16]}.parquet"
 
 
 def _score_unit(ckpt: Checkpoint, model, items, encoded, *, max_batch_tokens, max_length, device, progress) -> pd.DataFrame:
@@ -185,6 +241,7 @@ def _score_unit(ckpt: Checkpoint, model, items, encoded, *, max_batch_tokens, ma
                 "tokens": ckpt.tokens,
                 "family": it.family,
                 "variant": it.variant,
+                "kind": get_family(it.family).kind,
                 "seed": it.seed,
                 "item_id": it.item_id,
                 "task_logprob": task.logprob,
@@ -203,6 +260,13 @@ def _score_unit(ckpt: Checkpoint, model, items, encoded, *, max_batch_tokens, ma
     return pd.DataFrame(rows)
 
 
+def _sort_summary(summary: pd.DataFrame) -> pd.DataFrame:
+    order = {"conflict": 0, "capability": 1, "nll": 2}
+    key = summary["kind"].map(order).fillna(3)
+    return (summary.assign(_k=key).sort_values(["step", "checkpoint", "_k", "family", "variant"], kind="stable",
+                                               na_position="first").drop(columns="_k").reset_index(drop=True))
+
+
 def score_checkpoints(
     checkpoints: str | Path | Sequence[Checkpoint],
     probes: Sequence[str | Path | FamilySpec],
@@ -217,6 +281,10 @@ def score_checkpoints(
     allow_tokenizer_mismatch: bool = False,
     keep_going: bool = False,
     chunk_items: int = 1024,
+    heldout: str | Path | None = None,
+    heldout_stride: int | None = None,
+    audit_items: int = 50,
+    audit_max_new_tokens: int = 16,
     progress: bool = True,
 ) -> ScoreResult:
     """Score every checkpoint with every probe spec under every evaluation seed.
@@ -229,6 +297,20 @@ def score_checkpoints(
     units are sharded across processes and every rank returns the same tables; rank 0
     writes the files. A checkpoint that fails to load stops the run with
     :class:`CheckpointError`, or with ``keep_going`` is recorded as failed and skipped.
+
+    ``heldout`` (a .txt with one document per line, a .jsonl with ``text``, or a saved
+    ``datasets`` folder) adds a capability track: held-out NLL in bits per byte per
+    checkpoint (rolling windows of the model's context, ``heldout_stride`` tokens apart;
+    default disjoint windows as in lm-eval), reported in ``summary.csv`` as family
+    ``heldout_nll``, variant ``bpb``, kind ``nll``.
+
+    Families whose spec sets ``params.gen_samples`` > 0 (persona QA) are also scored by
+    sampled generation (``generations.parquet``; ``gen_*`` columns in ``summary.csv``:
+    consistency rate with a Wilson 95% interval, shortcut and unterminated rates). The
+    generative audit greedily generates an answer for ``audit_items`` items per family
+    (evaluation seed ``seeds[0]``; 0 disables it) and writes ``audit.parquet`` and
+    ``audit_summary.csv`` (agreement of ``correct``/``candidate_correct`` with what the
+    model writes).
     """
     seeds = [int(s) for s in seeds]
     if not seeds or len(set(seeds)) != len(seeds):
@@ -250,6 +332,15 @@ def score_checkpoints(
     items = [it for s in specs for it in generate_items(s, seeds)]
     item_dicts = _item_rows(items)
     items_hash = canonical_json_hash(item_dicts)
+    heldout_texts = load_heldout_texts(heldout) if heldout is not None else None
+    heldout_hash = canonical_json_hash({"texts": heldout_texts, "stride": heldout_stride}) if heldout_texts else None
+
+    gen = {s.family: g for s in specs if (g := _gen_settings(s)) is not None}
+    if audit_items < 0:
+        raise ProbeSpecError("audit_items must be >= 0.")
+    audit_set = select_audit_items(items, n_per_family=audit_items, seed=0, eval_seed=seeds[0]) if audit_items else []
+    audit_pos = {(it.item_id, it.seed): k for k, it in enumerate(items)}
+    audit_idx = sorted(audit_pos[(it.item_id, it.seed)] for it in audit_set)
 
     dist = dist_context()
     if device == "auto" and dist.world_size > 1 and torch.cuda.is_available():
@@ -271,6 +362,11 @@ def score_checkpoints(
         "tokenizer": str(tokenizer) if tokenizer else None,
         "allow_tokenizer_mismatch": allow_tokenizer_mismatch,
         "keep_going": keep_going,
+        "heldout": str(heldout) if heldout is not None else None,
+        "heldout_stride": heldout_stride,
+        "generation": gen,
+        "audit_items": audit_items,
+        "audit_max_new_tokens": audit_max_new_tokens,
     }
     manifest = base_manifest("score", config)
     manifest.update(
@@ -288,6 +384,8 @@ def score_checkpoints(
         ],
         seeds=seeds,
         items_hash=items_hash,
+        heldout={"path": str(heldout), "sha256": sha256_file(Path(heldout)) if Path(heldout).is_file() else None,
+                 "content_hash": heldout_hash, "n_docs": len(heldout_texts)} if heldout_texts else None,
         scoring_config=scoring_config,
         complete=[],
         failed=[],
@@ -298,14 +396,16 @@ def score_checkpoints(
         # Mark the folder as in progress before touching outputs: stale tables from an
         # earlier run must never sit next to a manifest that calls them complete.
         atomic_write_json(run_dir / "manifest.json", manifest)
-        for name in ("scores.parquet", "summary.csv"):
+        for name in ("scores.parquet", "summary.csv", "generations.parquet", "audit.parquet", "audit_summary.csv"):
             (run_dir / name).unlink(missing_ok=True)
         atomic_write_jsonl(run_dir / "items.jsonl", item_dicts)
     dist.barrier()
 
-    units = _plan_units(ckpts, items, fams, chunk_items, scoring_config)
+    units = _plan_units(ckpts, items, fams, chunk_items, scoring_config, heldout_hash, gen, audit_idx,
+                        audit_max_new_tokens)
     mine = [units[i] for i in split_contiguous(len(units), dist.world_size, dist.rank)]
     encoded_by_tok: dict[Any, list[EncodedGroup]] = {}
+    tokenizers: dict[Any, Any] = {}
     tok_override = Path(tokenizer) if tokenizer else None
     done: dict[int, pd.DataFrame] = {}  # unit index -> rows
     scored_now: set[str] = set()
@@ -333,6 +433,7 @@ def score_checkpoints(
             if tok_key not in encoded_by_tok:
                 tok = load_tokenizer(tok_override or ckpt.path)
                 encoded_by_tok[tok_key] = _encode_items(tok, items)
+                tokenizers[tok_key] = tok
             model = load_model(ckpt.path, torch_dtype, dev)
         except CheckpointError as exc:
             if not keep_going:
@@ -343,9 +444,22 @@ def score_checkpoints(
         try:
             for u, cache in todo:
                 s, e = u.item_slice
-                part = _score_unit(ckpt, model, items[s:e], encoded_by_tok[tok_key][s:e],
-                                   max_batch_tokens=max_batch_tokens, max_length=max_length, device=dev,
-                                   progress=progress)
+                if u.task == "nll":
+                    part = _nll_unit(ckpt, model, tokenizers[tok_key], heldout_texts, max_length=max_length,
+                                     stride=heldout_stride, device=dev, source=str(heldout))
+                elif u.task == "gen":
+                    g = gen[u.family]
+                    part = _with_checkpoint(persona_generation_table(
+                        model, tokenizers[tok_key], items[s:e], n=g["n"], temperature=g["temperature"],
+                        max_new_tokens=g["max_new_tokens"], seed=0), ckpt)
+                elif u.task == "audit":
+                    part = _with_checkpoint(generative_audit(
+                        model, tokenizers[tok_key], [items[k] for k in audit_idx],
+                        max_new_tokens=audit_max_new_tokens), ckpt)
+                else:
+                    part = _score_unit(ckpt, model, items[s:e], encoded_by_tok[tok_key][s:e],
+                                       max_batch_tokens=max_batch_tokens, max_length=max_length, device=dev,
+                                       progress=progress)
                 if cache is not None:
                     atomic_write_parquet(cache, part)
                 done[unit_index[u]] = part
@@ -367,21 +481,45 @@ def score_checkpoints(
     missing = [u for i, u in enumerate(units) if i not in done and ckpts[u.ckpt_index].name not in failed]
     if missing:  # cannot happen unless a rank died silently; never present partial results
         raise RuntimeError(f"{len(missing)} work units produced no result")
-    parts = [done[i] for i in range(len(units)) if i in done]
+    parts = [done[i] for i, u in enumerate(units) if i in done and u.task == "spans"]
+    nll_parts = [done[i] for i, u in enumerate(units) if i in done and u.task == "nll"]
     scores = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
     summary = summarize_scores(scores) if len(scores) else pd.DataFrame()
+    gen_parts = [done[i] for i, u in enumerate(units) if i in done and u.task == "gen"]
+    audit_parts = [done[i] for i, u in enumerate(units) if i in done and u.task == "audit"]
+    generations = pd.concat(gen_parts, ignore_index=True) if gen_parts else None
+    audit = pd.concat(audit_parts, ignore_index=True) if audit_parts else None
+    audit_summary = summarize_audit(audit, scores) if audit is not None and len(scores) else None
+    if generations is not None and len(summary):
+        gsum = summarize_generation(generations, by=["checkpoint", "family", "variant"])
+        summary = summary.merge(gsum, on=["checkpoint", "family", "variant"], how="left")
+    if nll_parts:
+        nll = pd.concat(nll_parts, ignore_index=True)
+        summary = pd.concat([summary, nll], ignore_index=True)
+    if len(summary):
+        summary = _sort_summary(summary)
+        for col in ("n_items", "n_seeds", "gen_items", "gen_n", "n_tokens", "n_bytes", "n_docs"):
+            if col in summary.columns:
+                summary[col] = summary[col].astype("Int64")
     items_df = pd.DataFrame(item_dicts)
     manifest["complete"] = [{"checkpoint": c.name, "family": f} for c in ckpts if c.name not in failed for f in fams]
     manifest["failed"] = [{"checkpoint": n, "error": e} for n, e in failed.items()]
     manifest["status"] = "complete" if not failed else "incomplete"
     manifest["scored_now"] = [c.name for c in ckpts if c.name in set(scored_list)]
     if run_dir is not None and dist.is_main:
+        outputs = ["items.jsonl", "scores.parquet", "summary.csv"]
         atomic_write_parquet(run_dir / "scores.parquet", scores)
         atomic_write_csv(run_dir / "summary.csv", summary)
-        manifest["outputs"] = {
-            name: sha256_file(run_dir / name) for name in ("items.jsonl", "scores.parquet", "summary.csv")
-        }
+        for name, df in (("generations.parquet", generations), ("audit.parquet", audit)):
+            if df is not None:
+                atomic_write_parquet(run_dir / name, df)
+                outputs.append(name)
+        if audit_summary is not None:
+            atomic_write_csv(run_dir / "audit_summary.csv", audit_summary)
+            outputs.append("audit_summary.csv")
+        manifest["outputs"] = {name: sha256_file(run_dir / name) for name in outputs}
         atomic_write_json(run_dir / "manifest.json", manifest)
     dist.barrier()
     return ScoreResult(items=items_df, scores=scores, summary=summary, manifest=manifest, run_dir=run_dir,
-                       scored=manifest["scored_now"], failed=dict(failed))
+                       scored=manifest["scored_now"], failed=dict(failed), generations=generations, audit=audit,
+                       audit_summary=audit_summary)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-GROUP = ["checkpoint", "step", "tokens", "family", "variant"]
+GROUP = ["checkpoint", "step", "tokens", "family", "variant", "kind"]
 
 
 def bootstrap_mean_ci(values: np.ndarray, *, n_boot: int = 1000, level: float = 0.95, seed: int = 0) -> tuple[float, float]:

@@ -4,6 +4,8 @@ Families are Python generators registered by name; a YAML spec in ``probes/`` pi
 family and sets its item count, demonstration count, variants and parameters.
 """
 
+# Importing a family module registers its families.
+from . import _capability, _persona, _templates, _userdata  # noqa: F401
 from ._arithmetic import TEMPLATES as ARITH_TEMPLATES
 from ._items import ProbeItem, item_rng
 from ._registry import Family, get_family, list_families, register_family

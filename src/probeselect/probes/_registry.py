@@ -32,6 +32,8 @@ class Family:
 
 KINDS = ("conflict", "capability")
 _FAMILIES: dict[str, Family] = {}
+#: Data-defined families (user specs with ``data:`` or a template), keyed by name.
+_USER_FAMILIES: dict[str, Family] = {}
 
 
 def register_family(
@@ -73,14 +75,49 @@ def register_family(
 
 
 def get_family(name: str, *, source: str = "") -> Family:
-    """Look up a family by name; unknown names get a "did you mean" error."""
-    if name not in _FAMILIES:
-        where = f"{source}: " if source else ""
-        raise ProbeSpecError(
-            f"{where}unknown probe family {name!r}.{did_you_mean(name, _FAMILIES)} Registered families: {sorted(_FAMILIES)}."
-        )
-    return _FAMILIES[name]
+    """Look up a family by name; unknown names get a "did you mean" error.
+
+    Built-in families are looked up first, then data-defined (user) families registered
+    by loading their spec (see :func:`register_user_family`).
+    """
+    if name in _FAMILIES:
+        return _FAMILIES[name]
+    if name in _USER_FAMILIES:
+        return _USER_FAMILIES[name]
+    where = f"{source}: " if source else ""
+    known = sorted(_FAMILIES) + sorted(_USER_FAMILIES)
+    raise ProbeSpecError(
+        f"{where}unknown probe family {name!r}.{did_you_mean(name, known)} Registered families: {sorted(_FAMILIES)}."
+    )
 
 
 def list_families() -> list[Family]:
+    """The built-in (code-registered) families, sorted by name."""
     return [_FAMILIES[k] for k in sorted(_FAMILIES)]
+
+
+def is_builtin_family(name: str) -> bool:
+    """True if ``name`` is a family registered in code with :func:`register_family`."""
+    return name in _FAMILIES
+
+
+def register_user_family(family: Family, *, source: str = "") -> None:
+    """Register (or replace) a data-defined family under ``family.name``.
+
+    Called when a user spec (``data:`` / template form) is loaded, so that
+    :func:`get_family` and ``generate_items`` find it; its generator reads the data from
+    the spec it is given, so re-registering the same name is harmless. A name that is
+    already a built-in family is an error.
+    """
+    if family.name in _FAMILIES:
+        where = f"{source}: " if source else ""
+        raise ProbeSpecError(
+            f"{where}family name {family.name!r} is already a built-in probe family; give your data-defined "
+            f"family another name (e.g. {family.name + '_custom'!r})."
+        )
+    _USER_FAMILIES[family.name] = family
+
+
+def list_user_families() -> list[Family]:
+    """Data-defined families registered so far in this process, sorted by name."""
+    return [_USER_FAMILIES[k] for k in sorted(_USER_FAMILIES)]

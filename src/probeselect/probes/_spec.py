@@ -11,6 +11,8 @@ from .._yaml import load_yaml
 from ..errors import ProbeSpecError, did_you_mean
 
 _SPEC_KEYS = {"family", "n_items", "n_demos", "variants", "params", "description"}
+#: Keys that make a spec a data-defined (user) family; see ``_userdata``.
+USER_FORM_KEYS = ("data", "template", "templates", "demo_pool", "query_pool")
 
 
 @dataclass(frozen=True)
@@ -19,7 +21,9 @@ class FamilySpec:
 
     ``variants`` are prompt-format variant names understood by the family; ``params``
     holds family-specific options (e.g. operand ranges). ``path`` is the YAML file it
-    came from (None when built in code).
+    came from (None when built in code). ``user_data`` is set for data-defined families
+    (a ``_userdata.UserData``: the parsed rows or template pools and their content hash);
+    it is None for families registered in code.
     """
 
     family: str
@@ -29,9 +33,17 @@ class FamilySpec:
     params: dict[str, Any] = field(default_factory=dict)
     description: str = ""
     path: Path | None = None
+    user_data: Any = None
+
+    def __post_init__(self) -> None:
+        if self.user_data is not None:
+            # Make the data-defined family visible to get_family()/generate_items().
+            from ._userdata import register_user_spec
+
+            register_user_spec(self)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "family": self.family,
             "n_items": self.n_items,
             "n_demos": self.n_demos,
@@ -40,28 +52,50 @@ class FamilySpec:
             "description": self.description,
             "path": str(self.path) if self.path else None,
         }
+        if self.user_data is not None:
+            d["data"] = self.user_data.summary()
+        return d
 
     @property
     def spec_hash(self) -> str:
-        """Hash of the resolved settings (not of the file path)."""
+        """Hash of the resolved settings (not of the file path).
+
+        For a data-defined family it covers the content hash of the data (so editing the
+        data file changes it) but not where the data files live.
+        """
         d = self.to_dict()
         d.pop("path")
+        if "data" in d:
+            d["data"] = {k: v for k, v in d["data"].items() if k != "files"}
         return canonical_json_hash(d)
 
 
 def spec_from_dict(raw: Any, *, source: str = "<dict>", path: Path | None = None) -> FamilySpec:
     """Validate a raw mapping and resolve it against its family's defaults."""
-    from ._registry import get_family
+    from ._registry import get_family, is_builtin_family, list_families
 
     if not isinstance(raw, dict):
         raise ProbeSpecError(f"{source}: a probe spec must be a YAML mapping with at least `family:`.")
-    unknown = sorted(set(raw) - _SPEC_KEYS)
+    if any(k in raw for k in USER_FORM_KEYS):
+        from ._userdata import user_spec_from_dict
+
+        return user_spec_from_dict(raw, source=source, path=path)
+    unknown = sorted(set(raw) - _SPEC_KEYS, key=str)
     if unknown:
-        hint = did_you_mean(unknown[0], _SPEC_KEYS)
+        from ._userdata import ALL_USER_KEYS
+
+        hint = did_you_mean(str(unknown[0]), _SPEC_KEYS | set(ALL_USER_KEYS))
         raise ProbeSpecError(f"{source}: unknown key {unknown[0]!r}.{hint} Allowed keys: {sorted(_SPEC_KEYS)}.")
     if "family" not in raw:
         raise ProbeSpecError(f"{source}: missing required key `family`.")
-    fam = get_family(str(raw["family"]), source=source)
+    name = str(raw["family"])
+    if not is_builtin_family(name):
+        builtins = [f.name for f in list_families()]
+        raise ProbeSpecError(
+            f"{source}: unknown probe family {name!r}.{did_you_mean(name, builtins)} Built-in families: {builtins}. "
+            "To define a new family from a data file instead, add `data:` (see probes/README.md)."
+        )
+    fam = get_family(name, source=source)
     variants = raw.get("variants", list(fam.variants))
     if isinstance(variants, str):
         variants = [variants]

@@ -1,0 +1,615 @@
+"""Mode-hopping dynamics: how probe scores move from one saved checkpoint to the next.
+
+``compute_dynamics(run_dir)`` reads a scored run folder (``summary.csv``, and when present
+``scores.parquet`` and ``manifest.json``) and writes ``run_dir/dynamics/``:
+
+* ``dynamics.csv`` - one row per *track* (statistics below);
+* ``trajectories.csv`` - one row per track x checkpoint (the values that are plotted);
+* ``pairs.csv`` - one row per margin track x consecutive checkpoint pair: hard accuracy
+  next to the continuous margin, with flags;
+* ``correlation.csv`` - Spearman correlation of every pair of tracks across checkpoints,
+  long form (``track_a, track_b, spearman_rho, n_checkpoints``);
+* ``margin_trajectories.png``, ``accuracy_vs_margin.png``, ``correlation.png``;
+* ``manifest.json`` - parameters, input hashes, versions.
+
+A **track** is one metric of one family x prompt variant followed across checkpoints:
+
+* conflict and capability rows: ``mean_margin`` (nats; track name ``family/variant``);
+* held-out NLL rows (``kind == "nll"`` or family ``heldout_nll``): ``bits_per_byte``
+  (lower is better; track name ``heldout_nll/bpb``);
+* sampled-generation columns (:data:`EXTRA_TRACK_METRICS`, e.g. ``gen_consistency``) when
+  present: track name ``family/variant:metric``.
+
+Checkpoints are taken in step order. With ``m_1..m_n`` the track's checkpoint values and
+``d_i = m_{i+1} - m_i``:
+
+* ``sign_changes`` - number of i with ``m_i * m_{i+1} < 0`` (margin tracks only; a
+  checkpoint whose mean margin is exactly 0 starts no change);
+* ``total_variation`` - ``sum |d_i|``; ``mean_abs_change`` = total_variation / (n - 1);
+  ``excess_variation`` = total_variation - ``|m_n - m_1|``, the movement that was later
+  undone (0 for a monotone trajectory, so a steady trend does not count as fluctuation);
+* ``largest_drop`` - the largest single worsening, ``max(0, max_i -d_i)`` for
+  higher-is-better metrics (``max(0, max_i d_i)`` for bits per byte), at
+  ``largest_drop_step`` (the later checkpoint of the pair);
+* ``flip_rate`` - for each consecutive pair, the fraction of (item, seed) units whose
+  ``correct`` (margin > 0) differs between the two checkpoints; averaged over pairs
+  (``flip_rate_max`` is the largest pair). Needs ``scores.parquet``;
+* ``acc_total_variation`` - ``sum |accuracy_{i+1} - accuracy_i|``;
+* signal and noise, after Heineman et al. (2025), "Signal and Noise", whose
+  ``snr = (max_{j,k}|m_j - m_k| / mean) / (sd(final checkpoints) / mean)``. Margins can be
+  negative or near zero, so the division by the mean is dropped (signal and noise are in
+  the metric's own units, and the two means would nearly cancel anyway):
+
+  - ``signal_range`` = ``max_j m_j - min_j m_j`` (= the largest pairwise difference);
+  - ``signal_sd`` = sample sd (ddof=1) of the checkpoint values;
+  - ``noise_seed_sd`` = mean over checkpoints of ``seed_sd`` (sd across evaluation seeds
+    of the per-seed mean, from ``summary.csv``);
+  - ``noise_last_sd`` = population sd (ddof=0) of the last ``noise_window`` checkpoint
+    values (Heineman's noise: checkpoint-to-checkpoint variation late in training);
+  - ``noise_last_diff_sd`` = sample sd (ddof=1) of the first differences among those last
+    ``noise_window`` values, divided by sqrt(2) (a trend-free estimate of the per-checkpoint
+    jitter: a steady trend adds a constant to every difference and cancels);
+  - ``snr_last`` = signal_range / noise_last_sd, ``snr_last_diff`` = signal_range /
+    noise_last_diff_sd, ``snr_seed`` = signal_range / noise_seed_sd (inf when the noise is
+    exactly 0 and the signal is not; NaN when undefined).
+
+In ``pairs.csv`` ``flag_acc_moves_margin_still`` marks pairs where
+``|d accuracy| >= acc_jump`` while ``|d mean_margin| <= small_margin_nats`` (margins
+crossing zero without moving much: a threshold artefact), and
+``flag_margin_moves_acc_still`` marks ``|d mean_margin| >= large_margin_nats`` with
+``|d accuracy| < acc_jump`` (the continuous margin fluctuates where accuracy hides it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ._io import atomic_write_csv, atomic_write_json, sha256_file
+from .errors import ProbeselectError
+from .manifest import base_manifest
+
+__all__ = [
+    "DynamicsResult",
+    "RunTables",
+    "compute_dynamics",
+    "load_run",
+    "track_table",
+    "trajectory_stats",
+    "flip_rates",
+    "spearman_matrix",
+    "EXTRA_TRACK_METRICS",
+]
+
+#: Sampled-generation summary columns that become their own tracks when present.
+EXTRA_TRACK_METRICS = ("gen_consistency",)
+#: Order of kinds in tables and plots.
+KIND_ORDER = {"conflict": 0, "capability": 1, "nll": 2, "generation": 3}
+_SCORE_COLUMNS = ["checkpoint", "step", "family", "variant", "seed", "item_id", "margin", "correct"]
+
+
+@dataclass
+class RunTables:
+    """A scored run folder, read: ``summary`` always; ``scores``/``manifest`` when present."""
+
+    run_dir: Path
+    summary: pd.DataFrame
+    scores: pd.DataFrame | None
+    manifest: dict[str, Any] | None
+
+
+@dataclass
+class DynamicsResult:
+    """What :func:`compute_dynamics` returns (every table is also written as a file)."""
+
+    run_dir: Path
+    out_dir: Path
+    stats: pd.DataFrame  # dynamics.csv
+    trajectories: pd.DataFrame  # trajectories.csv
+    pairs: pd.DataFrame  # pairs.csv
+    correlation: pd.DataFrame  # wide Spearman matrix (track x track)
+    correlation_n: pd.DataFrame  # wide matrix of checkpoints each correlation rests on
+    plots: dict[str, Path] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------
+# Reading a run
+# ---------------------------------------------------------------------------
+
+
+def load_run(run_dir: str | Path, *, need_scores: bool = True) -> RunTables:
+    """Read a run folder written by ``probeselect score``.
+
+    Raises :class:`ProbeselectError` when the folder or ``summary.csv`` is missing or the
+    manifest says the run did not finish. ``scores.parquet`` is read column-wise (only the
+    columns dynamics needs) and may be absent.
+    """
+    run = Path(run_dir)
+    if not run.is_dir():
+        raise ProbeselectError(f"{run}: run folder does not exist. Score checkpoints first: "
+                               f"`probeselect score CKPT_DIR --probes SPEC --out {run}`.")
+    manifest = None
+    mpath = run / "manifest.json"
+    if mpath.is_file():
+        try:
+            manifest = json.loads(mpath.read_text(encoding="utf-8"))
+        except json.JSONDecodeError:
+            raise ProbeselectError(f"{mpath}: corrupt manifest (not JSON). Re-run `probeselect score`.") from None
+        status = manifest.get("status")
+        if status is not None and status != "complete":
+            raise ProbeselectError(f"{mpath}: run status is {status!r}, not 'complete'. "
+                                   "Re-run the same `probeselect score` command to finish it.")
+    spath = run / "summary.csv"
+    if not spath.is_file():
+        raise ProbeselectError(f"{run}: no summary.csv. Score the checkpoints first: "
+                               f"`probeselect score CKPT_DIR --probes SPEC --out {run}`.")
+    summary = pd.read_csv(spath)
+    missing = [c for c in ("checkpoint", "step", "family", "variant") if c not in summary.columns]
+    if missing:
+        raise ProbeselectError(f"{spath}: missing columns {missing}. Re-create it with `probeselect score`.")
+    summary["variant"] = summary["variant"].astype(str)
+    scores = None
+    ppath = run / "scores.parquet"
+    if need_scores and ppath.is_file():
+        import pyarrow.parquet as pq
+
+        have = set(pq.read_schema(ppath).names)
+        cols = [c for c in _SCORE_COLUMNS if c in have]
+        if {"checkpoint", "family", "variant", "item_id", "correct"} <= set(cols):
+            scores = pd.read_parquet(ppath, columns=cols)
+            scores["variant"] = scores["variant"].astype(str)
+    return RunTables(run_dir=run, summary=summary, scores=scores, manifest=manifest)
+
+
+def checkpoint_order(df: pd.DataFrame) -> list[str]:
+    """Checkpoint names in step order (unknown steps first, then by name)."""
+    ck = df[["checkpoint", "step"]].drop_duplicates("checkpoint")
+    ck = ck.assign(_s=pd.to_numeric(ck["step"], errors="coerce"))
+    ck = ck.sort_values(["_s", "checkpoint"], na_position="first", kind="stable")
+    return ck["checkpoint"].astype(str).tolist()
+
+
+def _kind_column(summary: pd.DataFrame) -> pd.Series:
+    inferred = pd.Series("conflict", index=summary.index, dtype=object)
+    is_nll = summary["family"].astype(str).eq("heldout_nll")
+    if "bits_per_byte" in summary.columns and "mean_margin" in summary.columns:
+        is_nll |= summary["bits_per_byte"].notna() & summary["mean_margin"].isna()
+    inferred[is_nll] = "nll"
+    if "kind" in summary.columns:
+        given = summary["kind"]
+        return given.where(given.notna() & given.astype(str).ne(""), inferred).astype(str)
+    return inferred
+
+
+def track_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """Long table of every track x checkpoint (see the module docstring for tracks).
+
+    Columns: ``track, family, variant, kind, metric, higher_is_better, checkpoint, step,
+    tokens, value, seed_sd, ci_low, ci_high, accuracy, candidate_accuracy, n_items, n_seeds``.
+    """
+    s = summary.copy()
+    s["kind"] = _kind_column(s)
+    s["variant"] = s["variant"].astype(str)
+    extra = ["seed_sd", "ci_low", "ci_high", "accuracy", "candidate_accuracy", "n_items", "n_seeds", "tokens"]
+    for c in extra:
+        if c not in s.columns:
+            s[c] = np.nan
+    base = ["family", "variant", "kind", "checkpoint", "step", "tokens"]
+    parts = []
+    if "mean_margin" in s.columns:
+        m = s[s["kind"].ne("nll") & s["mean_margin"].notna()]
+        parts.append(m[base + extra[:-1]].assign(
+            metric="mean_margin", higher_is_better=True, value=m["mean_margin"],
+            track=m["family"].astype(str) + "/" + m["variant"]))
+    if "bits_per_byte" in s.columns:
+        m = s[s["kind"].eq("nll") & s["bits_per_byte"].notna()]
+        parts.append(m[base].assign(
+            metric="bits_per_byte", higher_is_better=False, value=m["bits_per_byte"],
+            track=m["family"].astype(str) + "/" + m["variant"]))
+    for col in EXTRA_TRACK_METRICS:
+        if col in s.columns:
+            m = s[s[col].notna()]
+            parts.append(m[base].assign(
+                kind="generation", metric=col, higher_is_better=True, value=m[col],
+                track=m["family"].astype(str) + "/" + m["variant"] + ":" + col))
+    cols = ["track", "family", "variant", "kind", "metric", "higher_is_better", "checkpoint", "step", "tokens",
+            "value", "seed_sd", "ci_low", "ci_high", "accuracy", "candidate_accuracy", "n_items", "n_seeds"]
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return pd.DataFrame(columns=cols)
+    out = pd.concat(parts, ignore_index=True).reindex(columns=cols)
+    order = {c: i for i, c in enumerate(checkpoint_order(summary))}
+    out = out.assign(_k=out["kind"].map(KIND_ORDER).fillna(9), _c=out["checkpoint"].map(order))
+    out = out.sort_values(["_k", "family", "variant", "metric", "_c"], kind="stable").drop(columns=["_k", "_c"])
+    return out.reset_index(drop=True)
+
+
+def track_names(tracks: pd.DataFrame) -> list[str]:
+    """Track names in display order (kind, family, variant, metric)."""
+    return list(dict.fromkeys(tracks["track"]))
+
+
+# ---------------------------------------------------------------------------
+# Statistics (pure functions; see the module docstring for the definitions)
+# ---------------------------------------------------------------------------
+
+
+def _ratio(a: float, b: float) -> float:
+    if a is None or b is None or not np.isfinite(a) or np.isnan(b):
+        return float("nan")
+    if b == 0:
+        return float("inf") if a > 0 else float("nan")
+    return float(a / b)
+
+
+def trajectory_stats(
+    values,
+    *,
+    steps=None,
+    higher_is_better: bool = True,
+    signed: bool = True,
+    seed_sd=None,
+    noise_window: int = 5,
+) -> dict[str, float]:
+    """Mode-hopping and signal/noise statistics of one track's checkpoint values.
+
+    ``values`` are the per-checkpoint values in step order; ``signed`` counts sign changes
+    (margins); ``seed_sd`` the per-checkpoint seed sds. Definitions: module docstring.
+    """
+    m = np.asarray(values, dtype=float)
+    n = len(m)
+    steps = np.arange(n) if steps is None else np.asarray(steps, dtype=float)
+    nan = float("nan")
+    out: dict[str, float] = {"n_checkpoints": n}
+    d = np.diff(m)
+    out["sign_changes"] = int(np.sum(m[:-1] * m[1:] < 0)) if signed else nan
+    out["total_variation"] = float(np.abs(d).sum()) if n >= 2 else nan
+    out["mean_abs_change"] = out["total_variation"] / (n - 1) if n >= 2 else nan
+    if n >= 2:
+        excess = out["total_variation"] - abs(m[-1] - m[0])
+        out["excess_variation"] = 0.0 if excess <= 1e-12 * max(1.0, out["total_variation"]) else float(excess)
+    else:
+        out["excess_variation"] = nan
+    if n >= 2:
+        worsening = -d if higher_is_better else d
+        i = int(np.argmax(worsening))
+        out["largest_drop"] = float(max(0.0, worsening[i]))
+        out["largest_drop_step"] = float(steps[i + 1]) if worsening[i] > 0 else nan
+    else:
+        out["largest_drop"] = out["largest_drop_step"] = nan
+    out["signal_range"] = float(m.max() - m.min()) if n >= 2 else nan
+    out["signal_sd"] = float(np.std(m, ddof=1)) if n >= 2 else nan
+    sd = np.asarray(seed_sd if seed_sd is not None else [], dtype=float)
+    out["noise_seed_sd"] = float(np.nanmean(sd)) if sd.size and np.isfinite(sd).any() else nan
+    w = max(2, int(noise_window))
+    last = m[-w:]
+    out["noise_window"] = int(min(w, n))
+    out["noise_last_sd"] = float(np.std(last, ddof=0)) if len(last) >= 2 else nan
+    dl = np.diff(last)
+    out["noise_last_diff_sd"] = float(np.std(dl, ddof=1) / math.sqrt(2)) if len(dl) >= 2 else nan
+    out["snr_last"] = _ratio(out["signal_range"], out["noise_last_sd"])
+    out["snr_last_diff"] = _ratio(out["signal_range"], out["noise_last_diff_sd"])
+    out["snr_seed"] = _ratio(out["signal_range"], out["noise_seed_sd"])
+    return out
+
+
+def flip_rates(scores: pd.DataFrame, order: list[str] | None = None) -> pd.DataFrame:
+    """Per family x variant x consecutive checkpoint pair: fraction of (item, seed) units
+    whose ``correct`` differs between the two checkpoints.
+
+    Columns: ``family, variant, from_checkpoint, to_checkpoint, flip_rate, n_units``
+    (units present at both checkpoints). Pairs follow ``order`` (default: step order).
+    """
+    cols = ["family", "variant", "from_checkpoint", "to_checkpoint", "flip_rate", "n_units"]
+    if scores is None or not len(scores):
+        return pd.DataFrame(columns=cols)
+    order = order or checkpoint_order(scores)
+    pos = {c: i for i, c in enumerate(order)}
+    rows = []
+    seed_col = "seed" if "seed" in scores.columns else None
+    for (fam, var), g in scores.groupby(["family", "variant"], sort=False):
+        index = ["item_id", seed_col] if seed_col else ["item_id"]
+        wide = g.assign(_c=g["correct"].astype(float)).pivot_table(
+            index=index, columns="checkpoint", values="_c", aggfunc="mean")
+        cks = sorted((c for c in wide.columns if c in pos), key=pos.__getitem__)
+        for a, b in zip(cks, cks[1:]):
+            x, y = wide[a], wide[b]
+            ok = x.notna() & y.notna()
+            n = int(ok.sum())
+            rows.append({"family": fam, "variant": str(var), "from_checkpoint": a, "to_checkpoint": b,
+                         "flip_rate": float((x[ok] != y[ok]).mean()) if n else float("nan"), "n_units": n})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def seed_spread(scores: pd.DataFrame) -> pd.DataFrame:
+    """Per family x variant x checkpoint: min and max over seeds of the per-seed mean margin."""
+    cols = ["family", "variant", "checkpoint", "seed_min", "seed_max"]
+    if scores is None or not len(scores) or "seed" not in scores.columns or "margin" not in scores.columns:
+        return pd.DataFrame(columns=cols)
+    per_seed = scores.groupby(["family", "variant", "checkpoint", "seed"], sort=False)["margin"].mean()
+    agg = per_seed.groupby(level=["family", "variant", "checkpoint"], sort=False).agg(["min", "max"])
+    return agg.rename(columns={"min": "seed_min", "max": "seed_max"}).reset_index()[cols]
+
+
+def spearman_matrix(wide: pd.DataFrame, *, min_n: int = 3) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Pairwise-complete Spearman correlation of the columns of ``wide`` (rows = checkpoints).
+
+    Returns ``(rho, n)``: ``rho[a][b]`` is Spearman's rho (ties get average ranks) over the
+    checkpoints where both tracks have a value, NaN when fewer than ``min_n`` checkpoints or
+    a constant track; ``n[a][b]`` is that number of checkpoints.
+    """
+    from scipy.stats import rankdata
+
+    names = list(wide.columns)
+    rho = pd.DataFrame(np.nan, index=names, columns=names, dtype=float)
+    nn = pd.DataFrame(0, index=names, columns=names, dtype=int)
+    arr = wide.to_numpy(dtype=float)
+    for i, a in enumerate(names):
+        for j in range(i, len(names)):
+            b = names[j]
+            ok = np.isfinite(arr[:, i]) & np.isfinite(arr[:, j])
+            n = int(ok.sum())
+            nn.iloc[i, j] = nn.iloc[j, i] = n
+            if n < min_n:
+                continue
+            x, y = rankdata(arr[ok, i]), rankdata(arr[ok, j])
+            if np.ptp(x) == 0 or np.ptp(y) == 0:
+                continue
+            r = float(np.corrcoef(x, y)[0, 1])
+            rho.iloc[i, j] = rho.iloc[j, i] = r
+    return rho, nn
+
+
+# ---------------------------------------------------------------------------
+# The public entry point
+# ---------------------------------------------------------------------------
+
+
+def compute_dynamics(
+    run_dir: str | Path,
+    *,
+    noise_window: int = 5,
+    acc_jump: float = 0.10,
+    small_margin_nats: float = 0.10,
+    large_margin_nats: float = 0.50,
+    plots: bool = True,
+) -> DynamicsResult:
+    """Compute mode-hopping, signal/noise and correlation statistics of a scored run and
+    write them (and the plots) to ``run_dir/dynamics/``.
+
+    ``noise_window`` is the number of final checkpoints used for the checkpoint noise;
+    ``acc_jump`` (fraction), ``small_margin_nats`` and ``large_margin_nats`` (nats) set the
+    flags in ``pairs.csv``. Definitions: module docstring. Returns :class:`DynamicsResult`.
+    """
+    run = load_run(run_dir)
+    out_dir = run.run_dir / "dynamics"
+    notes: list[str] = []
+    tracks = track_table(run.summary)
+    if not len(tracks):
+        raise ProbeselectError(f"{run.run_dir / 'summary.csv'}: no rows with a mean_margin or bits_per_byte value; "
+                               "nothing to analyse. Re-run `probeselect score`.")
+    order = checkpoint_order(run.summary)
+    if len(order) < 3:
+        notes.append(f"only {len(order)} checkpoint(s): changes, signal/noise and correlations need at least 3.")
+
+    flips = flip_rates(run.scores, order) if run.scores is not None else flip_rates(None)
+    spread = seed_spread(run.scores) if run.scores is not None else seed_spread(None)
+    if run.scores is None:
+        notes.append("no scores.parquet: per-item flip rates and seed min/max bands are not available "
+                     "(bands show mean +- seed sd instead).")
+    traj = tracks.merge(spread, on=["family", "variant", "checkpoint"], how="left")
+    traj.loc[traj["metric"].ne("mean_margin"), ["seed_min", "seed_max"]] = np.nan
+
+    stat_rows, pair_rows = [], []
+    for name, g in traj.groupby("track", sort=False):
+        first = g.iloc[0]
+        is_margin = first["metric"] == "mean_margin"
+        st = trajectory_stats(
+            g["value"].to_numpy(), steps=g["step"].to_numpy(dtype=float), higher_is_better=bool(first["higher_is_better"]),
+            signed=is_margin, seed_sd=g["seed_sd"].to_numpy(dtype=float), noise_window=noise_window,
+        )
+        f = flips[(flips["family"] == first["family"]) & (flips["variant"] == first["variant"])]
+        pairs = _pairs_for_track(g, f, acc_jump, small_margin_nats, large_margin_nats) if is_margin else []
+        pair_rows.extend(pairs)
+        rates = [p["flip_rate"] for p in pairs if np.isfinite(p["flip_rate"])]
+        acc = g["accuracy"].to_numpy(dtype=float)
+        stat_rows.append({
+            "track": name, "family": first["family"], "variant": first["variant"], "kind": first["kind"],
+            "metric": first["metric"], "higher_is_better": bool(first["higher_is_better"]),
+            "first_step": g["step"].iloc[0], "last_step": g["step"].iloc[-1],
+            "first_value": float(g["value"].iloc[0]), "last_value": float(g["value"].iloc[-1]),
+            "mean_value": float(g["value"].mean()),
+            **st,
+            "flip_rate": float(np.mean(rates)) if rates else np.nan,
+            "flip_rate_max": float(np.max(rates)) if rates else np.nan,
+            "acc_total_variation": float(np.nansum(np.abs(np.diff(acc)))) if is_margin and len(acc) >= 2 else np.nan,
+            "n_flag_acc_moves_margin_still": sum(p["flag_acc_moves_margin_still"] for p in pairs) if is_margin else np.nan,
+            "n_flag_margin_moves_acc_still": sum(p["flag_margin_moves_acc_still"] for p in pairs) if is_margin else np.nan,
+        })
+    stats = pd.DataFrame(stat_rows)
+    pairs_df = pd.DataFrame(pair_rows, columns=_PAIR_COLUMNS)
+
+    names = track_names(traj)
+    wide = traj.pivot_table(index="checkpoint", columns="track", values="value", aggfunc="first")
+    wide = wide.reindex(index=[c for c in order if c in wide.index], columns=names)
+    rho, nn = spearman_matrix(wide)
+    corr_long = pd.DataFrame(
+        [{"track_a": a, "track_b": b, "spearman_rho": rho.loc[a, b], "n_checkpoints": int(nn.loc[a, b])}
+         for a in names for b in names]
+    )
+
+    traj_out = traj[["track", "family", "variant", "kind", "metric", "checkpoint", "step", "tokens", "value",
+                     "seed_sd", "seed_min", "seed_max", "ci_low", "ci_high", "accuracy", "candidate_accuracy",
+                     "n_items", "n_seeds"]]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_csv(out_dir / "dynamics.csv", stats)
+    atomic_write_csv(out_dir / "trajectories.csv", traj_out)
+    atomic_write_csv(out_dir / "pairs.csv", pairs_df)
+    atomic_write_csv(out_dir / "correlation.csv", corr_long)
+
+    plot_paths: dict[str, Path] = {}
+    if plots:
+        plot_paths["margin_trajectories"] = plot_trajectories(traj_out, out_dir / "margin_trajectories.png")
+        plot_paths["accuracy_vs_margin"] = plot_accuracy_vs_margin(
+            traj_out, pairs_df, out_dir / "accuracy_vs_margin.png", acc_jump=acc_jump, small_margin_nats=small_margin_nats)
+        plot_paths["correlation"] = plot_correlation(rho, nn, out_dir / "correlation.png")
+
+    config = {"run_dir": str(run.run_dir), "noise_window": noise_window, "acc_jump": acc_jump,
+              "small_margin_nats": small_margin_nats, "large_margin_nats": large_margin_nats}
+    man = base_manifest("dynamics", config)
+    man["inputs"] = {n: sha256_file(run.run_dir / n) for n in ("summary.csv", "scores.parquet")
+                     if (run.run_dir / n).is_file()}
+    man["outputs"] = ["dynamics.csv", "trajectories.csv", "pairs.csv", "correlation.csv",
+                      *[p.name for p in plot_paths.values()]]
+    man["notes"] = notes
+    atomic_write_json(out_dir / "manifest.json", man)
+    return DynamicsResult(run_dir=run.run_dir, out_dir=out_dir, stats=stats, trajectories=traj_out, pairs=pairs_df,
+                          correlation=rho, correlation_n=nn, plots=plot_paths, notes=notes)
+
+
+_PAIR_COLUMNS = [
+    "track", "family", "variant", "kind", "from_checkpoint", "to_checkpoint", "from_step", "to_step",
+    "from_mean_margin", "to_mean_margin", "d_mean_margin", "from_accuracy", "to_accuracy", "d_accuracy",
+    "d_candidate_accuracy", "sign_change", "flip_rate", "n_units",
+    "flag_acc_moves_margin_still", "flag_margin_moves_acc_still",
+]
+
+
+def _pairs_for_track(g: pd.DataFrame, flips: pd.DataFrame, acc_jump: float, small: float, large: float) -> list[dict]:
+    fl = {(r.from_checkpoint, r.to_checkpoint): (r.flip_rate, r.n_units) for r in flips.itertuples()}
+    rows = []
+    recs = g.to_dict("records")
+    eps = 1e-12
+    for a, b in zip(recs, recs[1:]):
+        dm = b["value"] - a["value"]
+        da = b["accuracy"] - a["accuracy"]
+        rate, n_units = fl.get((a["checkpoint"], b["checkpoint"]), (np.nan, 0))
+        rows.append({
+            "track": a["track"], "family": a["family"], "variant": a["variant"], "kind": a["kind"],
+            "from_checkpoint": a["checkpoint"], "to_checkpoint": b["checkpoint"],
+            "from_step": a["step"], "to_step": b["step"],
+            "from_mean_margin": a["value"], "to_mean_margin": b["value"], "d_mean_margin": dm,
+            "from_accuracy": a["accuracy"], "to_accuracy": b["accuracy"], "d_accuracy": da,
+            "d_candidate_accuracy": b["candidate_accuracy"] - a["candidate_accuracy"],
+            "sign_change": bool(a["value"] * b["value"] < 0), "flip_rate": rate, "n_units": n_units,
+            "flag_acc_moves_margin_still": bool(abs(da) >= acc_jump - eps and abs(dm) <= small + eps),
+            "flag_margin_moves_acc_still": bool(abs(dm) >= large - eps and abs(da) < acc_jump - eps),
+        })
+    return rows
+
+
+# ---------------------------------------------------------------------------
+# Plots
+# ---------------------------------------------------------------------------
+
+_YLABELS = {"mean_margin": "mean margin (nats)", "bits_per_byte": "held-out bits per byte"}
+
+
+def _x(g: pd.DataFrame) -> np.ndarray:
+    s = pd.to_numeric(g["step"], errors="coerce").to_numpy(dtype=float)
+    return np.arange(len(g), dtype=float) if np.isnan(s).any() else s
+
+
+def plot_trajectories(traj: pd.DataFrame, path: Path, *, title: str | None = None) -> Path:
+    """One panel per family (and metric): value per checkpoint, one line per variant, with
+    a seed band (min-max over seeds, or mean +- seed sd) and the bootstrap CI dashed."""
+    from ._plots import color, new_figure, save_png
+
+    groups = list(traj.groupby(["family", "metric"], sort=False))
+    fig, axes = new_figure(len(groups))
+    for ax, ((fam, metric), g) in zip(axes, groups):
+        for i, (var, v) in enumerate(g.groupby("variant", sort=False)):
+            x, y, c = _x(v), v["value"].to_numpy(dtype=float), color(i)
+            ax.plot(x, y, marker="o", ms=3, lw=1.5, color=c, label=str(var))
+            lo, hi = v["seed_min"].to_numpy(dtype=float), v["seed_max"].to_numpy(dtype=float)
+            if np.isnan(lo).all():
+                sd = v["seed_sd"].to_numpy(dtype=float)
+                lo, hi = y - sd, y + sd
+            if np.isfinite(lo).any():
+                ax.fill_between(x, lo, hi, color=c, alpha=0.25, lw=0)
+            for col in ("ci_low", "ci_high"):
+                ci = v[col].to_numpy(dtype=float)
+                if np.isfinite(ci).any():
+                    ax.plot(x, ci, ls="--", lw=0.8, color=c, alpha=0.6)
+        if metric == "mean_margin":
+            ax.axhline(0.0, color="black", lw=0.8)
+        kind = g["kind"].iloc[0]
+        ax.set_title(f"{fam} ({kind})" if metric in _YLABELS else f"{fam}: {metric}", fontsize=10)
+        ax.set_xlabel("step")
+        ax.set_ylabel(_YLABELS.get(metric, metric))
+        ax.legend(fontsize=7, loc="best")
+        ax.grid(alpha=0.3)
+    fig.suptitle(title or "line: mean; band: seed spread; dashed: 95% bootstrap CI", fontsize=9)
+    return save_png(fig, path)
+
+
+def plot_accuracy_vs_margin(traj: pd.DataFrame, pairs: pd.DataFrame, path: Path, *,
+                            acc_jump: float = 0.10, small_margin_nats: float = 0.10) -> Path:
+    """Left: accuracy against mean margin per checkpoint (connected in step order).
+    Right: d accuracy against d mean margin per consecutive pair; flagged pairs ringed."""
+    from ._plots import color, new_figure, save_png
+
+    fig, (left, right) = new_figure(2, ncols=2, panel_size=(5.2, 3.8))
+    m = traj[traj["metric"] == "mean_margin"]
+    for i, (name, g) in enumerate(m.groupby("track", sort=False)):
+        left.plot(g["value"], g["accuracy"], marker="o", ms=3, lw=1, alpha=0.8, color=color(i), label=name)
+        left.plot(g["value"].iloc[-1:], g["accuracy"].iloc[-1:], marker="s", ms=6, color=color(i))
+    left.axvline(0.0, color="black", lw=0.8)
+    left.set_xlabel("mean margin (nats)")
+    left.set_ylabel("accuracy (fraction margin > 0)")
+    left.set_title("per checkpoint (square = last)", fontsize=10)
+    if m["track"].nunique() <= 12:
+        left.legend(fontsize=7, loc="best")
+    left.grid(alpha=0.3)
+    right.axvspan(-small_margin_nats, small_margin_nats, color="grey", alpha=0.15, lw=0)
+    for yv in (-acc_jump, acc_jump):
+        right.axhline(yv, color="grey", ls=":", lw=0.8)
+    names = list(dict.fromkeys(m["track"]))
+    for i, name in enumerate(names):
+        p = pairs[pairs["track"] == name]
+        right.scatter(p["d_mean_margin"], p["d_accuracy"], s=14, color=color(i), alpha=0.8)
+    flagged = pairs[pairs["flag_acc_moves_margin_still"].astype(bool)] if len(pairs) else pairs
+    if len(flagged):
+        right.scatter(flagged["d_mean_margin"], flagged["d_accuracy"], s=80, facecolors="none",
+                      edgecolors="red", lw=1.2, label="accuracy moved, margin did not")
+        right.legend(fontsize=7, loc="best")
+    right.axhline(0.0, color="black", lw=0.6)
+    right.axvline(0.0, color="black", lw=0.6)
+    right.set_xlabel("change in mean margin (nats)")
+    right.set_ylabel("change in accuracy")
+    right.set_title("consecutive checkpoints (grey band: small margin change)", fontsize=10)
+    right.grid(alpha=0.3)
+    return save_png(fig, path)
+
+
+def plot_correlation(rho: pd.DataFrame, nn: pd.DataFrame, path: Path) -> Path:
+    """Heatmap of the Spearman matrix, values annotated when it is small enough to read."""
+    from ._plots import new_figure, save_png
+
+    k = len(rho)
+    side = min(14.0, 2.5 + 0.55 * k)
+    fig, (ax,) = new_figure(1, ncols=1, panel_size=(side + 1.2, side))
+    arr = rho.to_numpy(dtype=float)
+    im = ax.imshow(np.ma.masked_invalid(arr), cmap="RdBu_r", vmin=-1, vmax=1)
+    ax.set_xticks(range(k))
+    ax.set_yticks(range(k))
+    ax.set_xticklabels(rho.columns, rotation=60, ha="right", fontsize=7)
+    ax.set_yticklabels(rho.index, fontsize=7)
+    if k <= 16:
+        for i in range(k):
+            for j in range(k):
+                txt = "n/a" if np.isnan(arr[i, j]) else f"{arr[i, j]:.2f}"
+                ax.text(j, i, txt, ha="center", va="center", fontsize=6.5,
+                        color="white" if np.isfinite(arr[i, j]) and abs(arr[i, j]) > 0.6 else "black")
+    off = nn.to_numpy()[~np.eye(k, dtype=bool)] if k > 1 else nn.to_numpy().ravel()
+    n_txt = f"{off.min()}" if off.size and off.min() == off.max() else (f"{off.min()}-{off.max()}" if off.size else "0")
+    ax.set_title(f"Spearman rho across checkpoints (n = {n_txt} checkpoints)", fontsize=10)
+    fig.colorbar(im, ax=ax, shrink=0.8)
+    return save_png(fig, path)

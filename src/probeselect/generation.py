@@ -1,0 +1,612 @@
+"""Generation-based measurements: sampled consistency and a greedy generative audit.
+
+Sampling (:func:`sample_generations`) prefills each prompt once, batched across prompts
+with left padding, then expands the KV cache to ``n`` rows per prompt and decodes with a
+custom ancestral-sampling loop (full softmax at ``temperature``, no top-k/top-p). A sample
+stops at the first generated token whose decoded text contains a newline (the text before
+the newline is kept) or at an end-of-sequence token; finished rows are dropped from the
+batch as they accumulate. The decode batch is capped by a KV-memory budget (``max_rows``);
+larger expansions decode in chunks, each copying rows of the one prefill cache.
+``temperature=0`` is greedy (argmax) decoding.
+
+Reproducibility: sample ``j`` of prompt ``i`` at step ``t`` draws the uniform number
+``U_i[t, j]`` from a ``torch.Generator`` (on the CPU) seeded from ``(seed, i)`` (or from an
+explicit per-prompt seed) and picks the token by inverse-CDF sampling. The random numbers
+therefore do not depend on batch composition, on the order of prompts, on which rows
+already finished or on how rows are chunked; the same seed gives the same samples on the
+same checkpoint and device (up to floating-point differences between batch shapes, which
+can flip a token only at a near-tie of the cumulative distribution).
+
+Classification (:func:`classify_generation`) compares normalized text with an item's task
+answer, shortcut answer(s) and distractor candidates. Tables:
+:func:`persona_generation_table` / :func:`summarize_generation` (sampled task rate with a
+Wilson interval) and :func:`generative_audit` / :func:`summarize_audit` (greedy generation
+compared with span-scoring correctness).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import inspect
+import math
+import re
+import string
+from collections import Counter
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Any, Iterable, Sequence
+
+import pandas as pd
+import torch
+
+from .probes import ProbeItem
+
+__all__ = [
+    "CLASSES",
+    "Generation",
+    "classify_generation",
+    "generative_audit",
+    "greedy_generations",
+    "normalize_answer",
+    "persona_generation_table",
+    "sample_generations",
+    "select_audit_items",
+    "summarize_audit",
+    "summarize_generation",
+    "wilson_interval",
+]
+
+#: Generation classes, in the order they are checked.
+CLASSES = ("unterminated", "task", "shortcut", "other_candidate", "other")
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One generated continuation.
+
+    ``text`` excludes the stop newline (and anything after it in the stop token) and the
+    EOS token; ``terminated`` is False when ``max_new_tokens`` ran out first;
+    ``n_new_tokens`` counts the generated tokens, the stop token included.
+    """
+
+    text: str
+    terminated: bool
+    n_new_tokens: int
+
+
+# ---------------------------------------------------------------------------
+# Sampling
+# ---------------------------------------------------------------------------
+
+
+def _derived_seed(*key: object) -> int:
+    digest = hashlib.sha256(repr(("probeselect.generation",) + key).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def _forward_kwargs(model) -> tuple[str, dict[str, int]]:
+    """The forward() name of the KV cache argument (``cache`` in recent transformers,
+    ``past_key_values`` before) and the prefill kwargs that keep only the last logits."""
+    params = inspect.signature(model.forward).parameters
+    cache_kw = "cache" if "cache" in params else "past_key_values"
+    if "logits_to_keep" in params:
+        keep = {"logits_to_keep": 1}
+    elif "num_logits_to_keep" in params:
+        keep = {"num_logits_to_keep": 1}
+    else:
+        keep = {}
+    return cache_kw, keep
+
+
+def _new_cache(model):
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:  # older transformers
+        return DynamicCache()
+
+
+def _stop_token_mask(tokenizer, vocab_size: int, device) -> torch.Tensor:
+    """Boolean mask over the model's vocabulary: tokens whose decoded text contains a newline."""
+    n = min(vocab_size, len(tokenizer))
+    texts = tokenizer.batch_decode([[i] for i in range(n)], skip_special_tokens=False,
+                                   clean_up_tokenization_spaces=False)
+    mask = torch.zeros(vocab_size, dtype=torch.bool)
+    mask[: n] = torch.tensor(["\n" in t for t in texts], dtype=torch.bool)
+    return mask.to(device)
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    for src in (getattr(model, "generation_config", None), model.config, tokenizer):
+        val = getattr(src, "eos_token_id", None) if src is not None else None
+        if val is None:
+            continue
+        ids.update([val] if isinstance(val, int) else [int(v) for v in val])
+    return ids
+
+
+def _max_positions(model) -> int | None:
+    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        val = getattr(model.config, attr, None)
+        if isinstance(val, int) and val > 0:
+            return val
+    return None
+
+
+_MiB = 1 << 20
+
+
+def _cache_bytes(cache) -> int | None:
+    """Bytes held by a (prefill) KV cache, or None when its layout is unknown."""
+    layers = getattr(cache, "layers", None)
+    try:
+        if layers is not None:
+            tensors = [t for l in layers for t in (getattr(l, "keys", None), getattr(l, "values", None))]
+        else:  # transformers 4.x
+            tensors = list(getattr(cache, "key_cache")) + list(getattr(cache, "value_cache"))
+        return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+    except (AttributeError, TypeError):
+        return None
+
+
+def _auto_max_rows(model, cache, n_prompts: int, width: int, max_new_tokens: int, device) -> int | None:
+    """Decode-batch rows whose expanded KV cache fits a budget.
+
+    On the CPU, moderate batches are much faster than huge ones (cache locality and
+    allocation of the per-step concatenated cache): the budget is 256 MiB or twice the
+    weights, whichever is larger. On CUDA it is 30% of the free memory.
+    """
+    total = _cache_bytes(cache)
+    if not total:
+        return None
+    per_row = total / n_prompts * (width + max_new_tokens) / width
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        budget = 0.3 * free
+    else:
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        budget = max(256 * _MiB, 2 * weights)
+    return max(1, int(budget // per_row))
+
+
+def _pick(logits: torch.Tensor, u: torch.Tensor | None, temperature: float) -> torch.Tensor:
+    """Next tokens: argmax when ``temperature == 0``, else inverse-CDF sampling with ``u``."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    cdf = probs.cumsum(-1)
+    x = (u.to(cdf.device) * cdf[:, -1]).unsqueeze(-1)
+    # first token whose cumulative probability exceeds x (never a zero-probability token)
+    tok = torch.searchsorted(cdf, x, right=True).squeeze(-1)
+    return tok.clamp_(max=logits.shape[-1] - 1)
+
+
+def _finish(tokenizer, toks: list[int], reason: str | None) -> Generation:
+    if reason == "eos":
+        text = tokenizer.decode(toks[:-1], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    else:
+        text = tokenizer.decode(toks, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        if reason == "newline":
+            text = text.split("\n", 1)[0]
+    return Generation(text=text, terminated=reason is not None, n_new_tokens=len(toks))
+
+
+def _decode_rows(model, cache, cache_kw, logits0, mask0, pos0, row_prompt, row_sample, uniforms, *,
+                 temperature, max_new_tokens, stop_mask, eos, compact_fraction):
+    """Decode rows whose cache/prefill state is given; returns per-row (tokens, reason)."""
+    device = logits0.device
+    n_rows = len(row_prompt)
+    toks: list[list[int]] = [[] for _ in range(n_rows)]
+    reason: list[str | None] = [None] * n_rows
+    live = torch.arange(n_rows)  # chunk row id of each current batch row
+    done_present = torch.zeros(n_rows, dtype=torch.bool)  # finished rows still in the batch
+    logits, attn, pos = logits0, mask0, pos0
+    rp, rs = row_prompt, row_sample
+    eos_t = torch.tensor(sorted(eos), dtype=torch.long, device=device) if eos else None
+    for t in range(max_new_tokens):
+        u = uniforms[rp, t, rs] if temperature != 0 else None
+        nxt = _pick(logits, u, temperature)
+        is_nl = stop_mask[nxt]
+        is_eos = torch.isin(nxt, eos_t) if eos_t is not None else torch.zeros_like(is_nl)
+        nxt_l, nl_l, eos_l, done_l = nxt.tolist(), is_nl.tolist(), is_eos.tolist(), done_present.tolist()
+        for b, r in enumerate(live.tolist()):
+            if done_l[b]:
+                continue
+            toks[r].append(nxt_l[b])
+            if eos_l[b]:
+                reason[r] = "eos"
+            elif nl_l[b]:
+                reason[r] = "newline"
+        done_present = done_present | is_nl.cpu() | is_eos.cpu()
+        if t == max_new_tokens - 1 or bool(done_present.all()):
+            break
+        n_done = int(done_present.sum())
+        if n_done and n_done >= compact_fraction * len(live):
+            keep = (~done_present).nonzero().squeeze(-1)
+            keep_d = keep.to(device)
+            cache.batch_select_indices(keep_d)
+            live, rp, rs = live[keep], rp[keep], rs[keep]
+            nxt, attn, pos = nxt[keep_d], attn[keep_d], pos[keep_d]
+            done_present = done_present[keep]
+        attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
+        out = model(input_ids=nxt.unsqueeze(-1), attention_mask=attn, position_ids=pos.unsqueeze(-1),
+                    use_cache=True, **{cache_kw: cache})
+        logits = out.logits[:, -1, :]
+        pos = pos + 1
+    return toks, reason
+
+
+@torch.inference_mode()
+def sample_generations(
+    model,
+    tokenizer,
+    prompts: Sequence[str],
+    *,
+    n: int = 200,
+    temperature: float = 1.0,
+    max_new_tokens: int = 16,
+    seed: int = 0,
+    batch_prompts: int = 8,
+    prompt_seeds: Sequence[int] | None = None,
+    max_rows: int | None = None,
+    compact_fraction: float = 0.25,
+    progress=None,
+) -> list[list[Generation]]:
+    """``n`` sampled continuations of every prompt, each stopped at a newline or EOS.
+
+    Prompts are encoded with the tokenizer's default special tokens (like the span
+    scorer), sorted by length, and prefilled ``batch_prompts`` at a time (left padding,
+    explicit position ids); each prompt's cache is then expanded to its ``n`` rows, so a
+    prompt's tokens are processed once, not ``n`` times. ``max_rows`` caps the decode
+    batch (rows = prompts x samples): larger expansions decode in chunks that each copy
+    rows of the shared prefill cache. Rows are dropped from the batch once at least
+    ``compact_fraction`` of the current rows have finished.
+
+    ``temperature=0`` is greedy decoding (all ``n`` samples are identical). Sample ``j`` of
+    prompt ``i`` is determined by ``(seed, i)`` — or by ``prompt_seeds[i]`` when given, so
+    that a prompt keeps its samples whatever else is in the list. ``progress`` is an
+    optional tqdm-like object updated once per prompt.
+    """
+    if n < 1 or max_new_tokens < 1 or batch_prompts < 1:
+        raise ValueError("n, max_new_tokens and batch_prompts must be >= 1")
+    if temperature < 0 or not math.isfinite(temperature):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    if prompt_seeds is not None and len(prompt_seeds) != len(prompts):
+        raise ValueError("prompt_seeds must have one seed per prompt")
+    if not prompts:
+        return []
+    device = next(model.parameters()).device
+    cache_kw, keep_last = _forward_kwargs(model)
+    eos = _eos_ids(model, tokenizer)
+    max_pos = _max_positions(model)
+    pad_id = getattr(model.config, "pad_token_id", None)
+    if pad_id is None:
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    encoded = [list(tokenizer.encode(p)) for p in prompts]
+    for i, ids in enumerate(encoded):
+        if not ids:
+            raise ValueError(f"prompt {i} encodes to no tokens")
+        if max_pos is not None and len(ids) + max_new_tokens > max_pos:
+            raise ValueError(
+                f"prompt {i} has {len(ids)} tokens; with max_new_tokens={max_new_tokens} it exceeds the "
+                f"model's {max_pos} positions"
+            )
+    # greedy samples are all identical: decode one row per prompt and repeat it
+    n_rows = 1 if temperature == 0 else n
+    order = sorted(range(len(prompts)), key=lambda i: (-len(encoded[i]), i))
+    results: list[list[Generation] | None] = [None] * len(prompts)
+    stop_mask = None
+    for start in range(0, len(order), batch_prompts):
+        idx = order[start : start + batch_prompts]
+        P, width = len(idx), max(len(encoded[i]) for i in idx)
+        ids = torch.full((P, width), int(pad_id), dtype=torch.long)
+        mask = torch.zeros((P, width), dtype=torch.long)
+        for r, i in enumerate(idx):
+            L = len(encoded[i])
+            ids[r, width - L :] = torch.tensor(encoded[i], dtype=torch.long)
+            mask[r, width - L :] = 1
+        pos = (mask.cumsum(-1) - 1).clamp_(min=0)
+        ids, mask, pos = ids.to(device), mask.to(device), pos.to(device)
+        # the shared prefill: each prompt's tokens go through the model once
+        cache = _new_cache(model)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                    **{cache_kw: cache}, **keep_last)
+        last = out.logits[:, -1, :]
+        del out
+        if stop_mask is None:
+            stop_mask = _stop_token_mask(tokenizer, last.shape[-1], device)
+        lengths = mask.sum(-1)
+        uniforms = None
+        if temperature != 0:
+            uniforms = torch.empty((P, max_new_tokens, n), dtype=torch.float32)
+            for r, i in enumerate(idx):
+                s = int(prompt_seeds[i]) & ((1 << 63) - 1) if prompt_seeds is not None else _derived_seed(seed, i)
+                uniforms[r] = torch.rand((max_new_tokens, n), generator=torch.Generator().manual_seed(s))
+        rows_p = torch.arange(P).repeat_interleave(n_rows)
+        rows_s = torch.arange(n_rows).repeat(P)
+        chunk = max_rows or _auto_max_rows(model, cache, P, width, max_new_tokens, device) or len(rows_p)
+        toks_all: list[list[int]] = []
+        reason_all: list[str | None] = []
+        for c0 in range(0, len(rows_p), chunk):
+            rp, rs = rows_p[c0 : c0 + chunk], rows_s[c0 : c0 + chunk]
+            # the last (or only) chunk expands the prefill cache itself, earlier ones a copy
+            c_cache = cache if c0 + chunk >= len(rows_p) else copy.deepcopy(cache)
+            rp_d = rp.to(device)
+            c_cache.batch_select_indices(rp_d)  # expand: each prompt's row repeated per sample
+            toks, reason = _decode_rows(
+                model, c_cache, cache_kw, last[rp_d], mask[rp_d], lengths[rp_d], rp, rs, uniforms,
+                temperature=temperature, max_new_tokens=max_new_tokens, stop_mask=stop_mask, eos=eos,
+                compact_fraction=compact_fraction,
+            )
+            toks_all.extend(toks)
+            reason_all.extend(reason)
+            del c_cache
+        del cache
+        for r, i in enumerate(idx):
+            gens = [_finish(tokenizer, toks_all[r * n_rows + j], reason_all[r * n_rows + j]) for j in range(n_rows)]
+            results[i] = gens if n_rows == n else gens * n
+            if progress is not None:
+                progress.update(1)
+    return results  # type: ignore[return-value]
+
+
+def greedy_generations(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 16,
+                       batch_size: int = 32) -> list[Generation]:
+    """Greedy (argmax) continuation of every prompt, stopped at a newline or EOS."""
+    outs = sample_generations(model, tokenizer, prompts, n=1, temperature=0.0, max_new_tokens=max_new_tokens,
+                              batch_prompts=batch_size)
+    return [o[0] for o in outs]
+
+
+# ---------------------------------------------------------------------------
+# Classification
+# ---------------------------------------------------------------------------
+
+_PUNCT = string.punctuation + "\u2018\u2019\u201c\u201d"
+_SPACES = re.compile(r"\s+")
+
+
+def normalize_answer(text: str) -> str:
+    """Lowercase, strip whitespace and surrounding punctuation, collapse inner whitespace."""
+    t = _SPACES.sub(" ", text.lower()).strip()
+    return t.strip(_PUNCT + " ").strip()
+
+
+def classify_generation(gen: Generation, item: ProbeItem) -> str:
+    """One of :data:`CLASSES` for ``gen`` as an answer to ``item``.
+
+    ``unterminated`` (no newline/EOS within the limit) is checked first; then ``task``
+    (matches ``item.task_answer``), ``shortcut`` (matches ``item.shortcut_answer`` or any of
+    ``item.metadata["shortcut_answers"]``), ``other_candidate`` (matches another candidate),
+    else ``other``. Matching compares :func:`normalize_answer` forms.
+    """
+    if not gen.terminated:
+        return "unterminated"
+    text = normalize_answer(gen.text)
+    if text == normalize_answer(item.task_answer):
+        return "task"
+    shortcuts = [item.shortcut_answer, *(item.metadata.get("shortcut_answers") or [])]
+    if any(text == normalize_answer(s) for s in shortcuts):
+        return "shortcut"
+    if any(text == normalize_answer(c) for c in item.candidates[2:]):
+        return "other_candidate"
+    return "other"
+
+
+def wilson_interval(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion ``k / n``; ``(0.0, 1.0)`` when ``n == 0``."""
+    if n < 0 or k < 0 or k > n:
+        raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    if n == 0:
+        return 0.0, 1.0
+    z = NormalDist().inv_cdf(0.5 + level / 2)
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+# ---------------------------------------------------------------------------
+# Sampled consistency tables
+# ---------------------------------------------------------------------------
+
+_GROUP_KEYS = ("checkpoint", "step", "tokens", "family", "variant")
+_COUNT_COLS = tuple(f"n_{c}" for c in ("task", "shortcut", "other_candidate", "other", "unterminated"))
+
+
+def _item_seed(seed: int, item: ProbeItem) -> int:
+    return _derived_seed(seed, item.item_id, item.seed)
+
+
+def persona_generation_table(model, tokenizer, items: Sequence[ProbeItem], *, n: int = 200,
+                             temperature: float = 1.0, max_new_tokens: int = 16, seed: int = 0,
+                             batch_prompts: int = 8, n_examples: int = 5, progress=None) -> pd.DataFrame:
+    """Sample ``n`` generations per item and count their classes; one row per item.
+
+    Columns: item_id, family, variant, seed (the item's evaluation seed), n_samples,
+    n_task, n_shortcut, n_other_candidate, n_other, n_unterminated, task_rate,
+    mean_new_tokens, top_texts / top_counts (the ``n_examples`` most frequent generated
+    texts and their counts). An item's samples depend on (seed, item_id, item seed), not
+    on the other items in the list.
+    """
+    gens = sample_generations(model, tokenizer, [it.prompt for it in items], n=n, temperature=temperature,
+                              max_new_tokens=max_new_tokens, seed=seed, batch_prompts=batch_prompts,
+                              prompt_seeds=[_item_seed(seed, it) for it in items], progress=progress)
+    rows = []
+    for it, gs in zip(items, gens):
+        counts = Counter(classify_generation(g, it) for g in gs)
+        top = Counter(g.text for g in gs).most_common(n_examples)
+        row = {"item_id": it.item_id, "family": it.family, "variant": it.variant, "seed": it.seed,
+               "n_samples": len(gs)}
+        for c in CLASSES:
+            row[f"n_{c}"] = counts.get(c, 0)
+        row["task_rate"] = row["n_task"] / len(gs)
+        row["mean_new_tokens"] = sum(g.n_new_tokens for g in gs) / len(gs)
+        row["top_texts"] = [t for t, _ in top]
+        row["top_counts"] = [c for _, c in top]
+        rows.append(row)
+    cols = ["item_id", "family", "variant", "seed", "n_samples", *_COUNT_COLS, "task_rate", "mean_new_tokens",
+            "top_texts", "top_counts"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _group_keys(df: pd.DataFrame, by: Iterable[str] | None) -> list[str]:
+    keys = list(by) if by is not None else [k for k in _GROUP_KEYS if k in df.columns]
+    missing = [k for k in keys if k not in df.columns]
+    if missing:
+        raise KeyError(f"grouping columns {missing} are not in the table")
+    return keys
+
+
+def summarize_generation(df: pd.DataFrame, *, by: Sequence[str] | None = None, level: float = 0.95) -> pd.DataFrame:
+    """Pool a :func:`persona_generation_table` (optionally with checkpoint columns) per group.
+
+    Groups by ``by`` or by whichever of checkpoint, step, tokens, family, variant are
+    present. Columns: the keys, gen_items (items), gen_n (samples), gen_consistency
+    (task rate over all samples), gen_ci_low / gen_ci_high (Wilson interval at ``level``),
+    gen_shortcut_rate, gen_other_candidate_rate, gen_other_rate, gen_unterminated_rate,
+    gen_item_consistency_mean (mean of per-item task rates).
+
+    The Wilson interval treats the pooled samples as independent; samples of one item are
+    correlated, so it understates between-item variation (gen_item_consistency_mean and
+    the per-item table show it).
+    """
+    keys = _group_keys(df, by)
+    out_cols = keys + ["gen_items", "gen_n", "gen_consistency", "gen_ci_low", "gen_ci_high", "gen_shortcut_rate",
+                       "gen_other_candidate_rate", "gen_other_rate", "gen_unterminated_rate",
+                       "gen_item_consistency_mean"]
+    if df.empty:
+        return pd.DataFrame(columns=out_cols)
+    rows = []
+    groups = df.groupby(keys, sort=True, dropna=False) if keys else [((), df)]
+    for key, g in groups:
+        key = key if isinstance(key, tuple) else (key,)
+        n = int(g["n_samples"].sum())
+        k = int(g["n_task"].sum())
+        lo, hi = wilson_interval(k, n, level)
+        rate = (lambda col: float(g[col].sum()) / n if n else math.nan)
+        rows.append({
+            **dict(zip(keys, key)),
+            "gen_items": len(g),
+            "gen_n": n,
+            "gen_consistency": rate("n_task"),
+            "gen_ci_low": lo,
+            "gen_ci_high": hi,
+            "gen_shortcut_rate": rate("n_shortcut"),
+            "gen_other_candidate_rate": rate("n_other_candidate"),
+            "gen_other_rate": rate("n_other"),
+            "gen_unterminated_rate": rate("n_unterminated"),
+            "gen_item_consistency_mean": float((g["n_task"] / g["n_samples"]).mean()),
+        })
+    return pd.DataFrame(rows, columns=out_cols)
+
+
+# ---------------------------------------------------------------------------
+# Greedy generative audit
+# ---------------------------------------------------------------------------
+
+
+def select_audit_items(items: Sequence[ProbeItem], n_per_family: int = 50, seed: int = 0, *,
+                       eval_seed: int | None = None) -> list[ProbeItem]:
+    """A deterministic sample of up to ``n_per_family`` items per family for the audit.
+
+    Uses the items of evaluation seed ``eval_seed`` (default: the lowest evaluation seed
+    present in each family, i.e. seed 0 with the default seeds), ranks them by a hash of
+    (seed, item_id), and keeps the first ``n_per_family`` per family. The result does not
+    depend on the order of ``items``; it is sorted by (family, item_id).
+    """
+    by_family: dict[str, list[ProbeItem]] = {}
+    for it in items:
+        by_family.setdefault(it.family, []).append(it)
+    chosen: list[ProbeItem] = []
+    for fam in sorted(by_family):
+        its = by_family[fam]
+        s = eval_seed if eval_seed is not None else min(it.seed for it in its)
+        pool = {it.item_id: it for it in its if it.seed == s}  # one item per id
+        ranked = sorted(pool, key=lambda iid: (_derived_seed("audit", seed, fam, iid), iid))
+        chosen.extend(sorted((pool[iid] for iid in ranked[:n_per_family]), key=lambda it: it.item_id))
+    return chosen
+
+
+def generative_audit(model, tokenizer, items: Sequence[ProbeItem], *, max_new_tokens: int = 16,
+                     batch_size: int = 32) -> pd.DataFrame:
+    """Greedy generation for each item, classified; one row per item.
+
+    Columns: item_id, family, variant, seed, generated, class, terminated, n_new_tokens.
+    """
+    gens = greedy_generations(model, tokenizer, [it.prompt for it in items], max_new_tokens=max_new_tokens,
+                              batch_size=batch_size)
+    rows = [
+        {"item_id": it.item_id, "family": it.family, "variant": it.variant, "seed": it.seed,
+         "generated": g.text, "class": classify_generation(g, it), "terminated": g.terminated,
+         "n_new_tokens": g.n_new_tokens}
+        for it, g in zip(items, gens)
+    ]
+    return pd.DataFrame(rows, columns=["item_id", "family", "variant", "seed", "generated", "class", "terminated",
+                                       "n_new_tokens"])
+
+
+def summarize_audit(audit_df: pd.DataFrame, scores_df: pd.DataFrame, *, by: Sequence[str] | None = None) -> pd.DataFrame:
+    """Compare greedy generations with span-scoring correctness, per group.
+
+    Joins ``audit_df`` (from :func:`generative_audit`) with the span-scoring rows of
+    ``scores_df`` (columns item_id, seed, correct, candidate_correct; the join also uses
+    checkpoint when both tables have it). If only ``scores_df`` has a checkpoint column it
+    must hold a single checkpoint. Groups by ``by`` or by whichever of checkpoint, step,
+    tokens, family are present.
+
+    Columns: the keys; n; gen_<class>_rate for every class; n_correct and
+    p_task_given_correct = P(gen == task | correct); n_candidate_correct and
+    p_task_given_candidate_correct; agree_correct = P(correct == (gen == task));
+    agree_candidate_correct = P(candidate_correct == (gen == task)). Conditional rates
+    are NaN when their condition never holds.
+    """
+    on = ["item_id", "seed"]
+    if "checkpoint" in audit_df.columns and "checkpoint" in scores_df.columns:
+        on.append("checkpoint")
+    elif "checkpoint" in scores_df.columns and scores_df["checkpoint"].nunique() > 1:
+        raise ValueError("scores_df holds several checkpoints but audit_df has no checkpoint column; "
+                         "filter scores_df to the audited checkpoint or add a checkpoint column to audit_df")
+    need = ["correct", "candidate_correct"]
+    missing = [c for c in on + need if c not in scores_df.columns]
+    if missing:
+        raise KeyError(f"scores_df lacks columns {missing}")
+    extra = [c for c in ("checkpoint", "step", "tokens") if c in scores_df.columns and c not in on
+             and c not in audit_df.columns]
+    right = scores_df[on + need + extra]
+    merged = audit_df.merge(right, on=on, how="inner", validate="one_to_one")
+    keys = list(by) if by is not None else [k for k in ("checkpoint", "step", "tokens", "family") if k in merged.columns]
+    missing = [k for k in keys if k not in merged.columns]
+    if missing:
+        raise KeyError(f"grouping columns {missing} are not in the joined table")
+    out_cols = keys + ["n", *[f"gen_{c}_rate" for c in ("task", "shortcut", "other_candidate", "other", "unterminated")],
+                       "n_correct", "p_task_given_correct", "n_candidate_correct", "p_task_given_candidate_correct",
+                       "agree_correct", "agree_candidate_correct"]
+    if merged.empty:
+        return pd.DataFrame(columns=out_cols)
+    rows = []
+    groups = merged.groupby(keys, sort=True, dropna=False) if keys else [((), merged)]
+    for key, g in groups:
+        key = key if isinstance(key, tuple) else (key,)
+        gen_task = g["class"] == "task"
+        correct = g["correct"].astype(bool)
+        cand = g["candidate_correct"].astype(bool)
+        row: dict[str, Any] = dict(zip(keys, key))
+        row["n"] = len(g)
+        for c in ("task", "shortcut", "other_candidate", "other", "unterminated"):
+            row[f"gen_{c}_rate"] = float((g["class"] == c).mean())
+        row["n_correct"] = int(correct.sum())
+        row["p_task_given_correct"] = float(gen_task[correct].mean()) if correct.any() else math.nan
+        row["n_candidate_correct"] = int(cand.sum())
+        row["p_task_given_candidate_correct"] = float(gen_task[cand].mean()) if cand.any() else math.nan
+        row["agree_correct"] = float((correct == gen_task).mean())
+        row["agree_candidate_correct"] = float((cand == gen_task).mean())
+        rows.append(row)
+    return pd.DataFrame(rows, columns=out_cols)

@@ -1,0 +1,512 @@
+"""Shortlist checkpoints for matched pilot SFT from a predeclared selection plan.
+
+``shortlist(run_dir, plan_path)`` ranks every candidate checkpoint of a scored run on every
+proxy of the plan, aggregates the ranks, applies the plan's constraints, flags one-probe
+winners and writes ``shortlist.csv`` (one row per checkpoint) and ``shortlist.json``
+(plan, hashes, the shortlist and notes). A shortlist is a hypothesis to test with matched
+pilot SFT, not a selection.
+
+Plan (YAML; ``recipes/selection.yaml`` is the commented example)::
+
+    proxies:                      # at least two; fix them before looking at results
+      - {family: arith_pattern, variant: "*", metric: mean_margin, direction: higher}
+      - {family: arith_plain, variant: eq, metric: candidate_accuracy}
+    constraints:
+      heldout_bpb_within: 0.05    # bits per byte above the best candidate (absolute)
+      capability_floor:
+        - {family: arith_plain, metric: candidate_accuracy, min: 0.5}
+    aggregation: mean_rank        # or median_rank
+    k: 3
+    candidates: [checkpoint-180, checkpoint-200]   # optional; default every checkpoint
+
+Definitions:
+
+* A proxy's ``metric`` is any numeric ``summary.csv`` column (``mean_margin``,
+  ``accuracy``, ``candidate_accuracy``, ``mean_margin_per_token``, ``bits_per_byte``,
+  ``gen_consistency``, ...). ``direction`` defaults to ``lower`` for ``bits_per_byte`` and
+  ``seed_sd`` and ``higher`` otherwise.
+* Ranks are among the candidates: 1 = best, ties get the average rank. A proxy with
+  ``variant: "*"`` is ranked on every prompt variant separately (variants that never
+  record the metric are skipped); its rank is the rank of
+  the checkpoint's mean per-variant rank (so the proxy counts once in the aggregate) and
+  its value is the metric's mean over variants. ``topk_frac[proxy]`` is the fraction of
+  variants on which the checkpoint's per-variant rank is <= k.
+* Aggregate: mean (or median) of the proxy ranks. A checkpoint without a value on some
+  proxy is not eligible.
+* ``heldout_bpb_within: d`` passes a checkpoint whose held-out bits per byte (mean over
+  its NLL rows) is <= the best candidate's + d; skipped, with a note, when the run has no
+  NLL rows. ``capability_floor`` passes when the metric (of ``variant``, or the mean over
+  the family's variants) is >= ``min``.
+* One-probe winner: first (best or tied best) on some proxy but in the bottom half
+  (rank > (n+1)/2 among n candidates) on a strict majority of the other proxies. Never
+  shortlisted.
+* Shortlist: eligible checkpoints (candidate, a value on every proxy, every constraint
+  passed, not a one-probe winner) ordered by aggregate, then by worst proxy rank (prefer
+  consistency), then by earlier step; the first k.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ._io import atomic_write_csv, atomic_write_json, sha256_file
+from ._yaml import load_yaml
+from .errors import ProbeSpecError, did_you_mean
+from .manifest import base_manifest
+
+__all__ = ["Plan", "Proxy", "Floor", "ShortlistResult", "load_plan", "shortlist", "AGGREGATIONS"]
+
+AGGREGATIONS = ("mean_rank", "median_rank")
+_PLAN_KEYS = ("proxies", "constraints", "aggregation", "k", "candidates", "description")
+_PROXY_KEYS = ("family", "variant", "metric", "direction")
+_CONSTRAINT_KEYS = ("heldout_bpb_within", "capability_floor")
+_FLOOR_KEYS = ("family", "variant", "metric", "min")
+_LOWER_IS_BETTER = {"bits_per_byte", "seed_sd"}
+_NON_METRICS = {"step", "tokens", "n_items", "n_seeds"}
+
+
+@dataclass(frozen=True)
+class Proxy:
+    """One ranking proxy: ``metric`` of ``family`` / ``variant`` (``"*"`` = every variant)."""
+
+    family: str
+    variant: str
+    metric: str
+    direction: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.family}/{self.variant}:{self.metric}"
+
+
+@dataclass(frozen=True)
+class Floor:
+    """A capability floor: ``metric`` of ``family`` (one variant or the mean) must be >= ``min``."""
+
+    family: str
+    variant: str | None
+    metric: str
+    min: float
+
+    @property
+    def id(self) -> str:
+        return f"{self.family}/{self.variant or '*'}:{self.metric}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A validated selection plan (see the module docstring)."""
+
+    proxies: tuple[Proxy, ...]
+    heldout_bpb_within: float | None = None
+    floors: tuple[Floor, ...] = ()
+    aggregation: str = "mean_rank"
+    k: int = 3
+    candidates: tuple[str | int, ...] | None = None
+    description: str = ""
+    path: Path | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "proxies": [vars(p) | {"id": p.id} for p in self.proxies],
+            "constraints": {"heldout_bpb_within": self.heldout_bpb_within,
+                            "capability_floor": [vars(f) for f in self.floors]},
+            "aggregation": self.aggregation,
+            "k": self.k,
+            "candidates": list(self.candidates) if self.candidates is not None else None,
+            "description": self.description,
+            "path": str(self.path) if self.path else None,
+        }
+
+
+@dataclass
+class ShortlistResult:
+    """What :func:`shortlist` returns; ``table`` is ``shortlist.csv``."""
+
+    table: pd.DataFrame
+    selected: list[str]
+    notes: list[str]
+    plan: Plan
+    csv_path: Path | None = None
+    json_path: Path | None = None
+    excluded: dict[str, str] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------
+# Plan loading and validation
+# ---------------------------------------------------------------------------
+
+
+def _unknown(src: str, where: str, raw: dict, allowed) -> None:
+    extra = [k for k in raw if k not in allowed]
+    if extra:
+        bad = str(extra[0])
+        raise ProbeSpecError(f"{src}: {where}unknown key {bad!r}.{did_you_mean(bad, allowed)} "
+                             f"Allowed keys: {list(allowed)}.")
+
+
+def _number(src: str, where: str, value: Any, *, minimum: float | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+        raise ProbeSpecError(f"{src}: {where} must be a number, got {value!r}.")
+    if minimum is not None and value < minimum:
+        raise ProbeSpecError(f"{src}: {where} must be >= {minimum}, got {value!r}.")
+    return float(value)
+
+
+def plan_from_dict(raw: Any, *, source: str = "<plan>", path: Path | None = None) -> Plan:
+    """Validate a raw mapping into a :class:`Plan` (run-independent checks only)."""
+    src = source
+    if not isinstance(raw, dict):
+        raise ProbeSpecError(f"{src}: a selection plan must be a YAML mapping with `proxies:` (see recipes/selection.yaml).")
+    _unknown(src, "", raw, _PLAN_KEYS)
+    proxies_raw = raw.get("proxies")
+    if not isinstance(proxies_raw, list) or not proxies_raw:
+        raise ProbeSpecError(f"{src}: `proxies:` must be a non-empty list of {{family, variant, metric, direction}}.")
+    proxies = []
+    for i, p in enumerate(proxies_raw):
+        where = f"proxies[{i}]: "
+        if not isinstance(p, dict):
+            raise ProbeSpecError(f"{src}: {where}must be a mapping like {{family: arith_pattern, metric: mean_margin}}.")
+        _unknown(src, where, p, _PROXY_KEYS)
+        for key in ("family", "metric"):
+            if not isinstance(p.get(key), str) or not p[key]:
+                raise ProbeSpecError(f"{src}: {where}missing required key `{key}`.")
+        metric = p["metric"]
+        direction = p.get("direction", "lower" if metric in _LOWER_IS_BETTER else "higher")
+        if direction not in ("higher", "lower"):
+            raise ProbeSpecError(f"{src}: {where}direction must be 'higher' or 'lower', got {direction!r}.")
+        variant = p.get("variant", "*")
+        proxies.append(Proxy(family=p["family"], variant=str(variant), metric=metric, direction=direction))
+    ids = [p.id for p in proxies]
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise ProbeSpecError(f"{src}: proxy {dup[0]!r} is listed twice; drop one.")
+    if len(proxies) < 2:
+        raise ProbeSpecError(f"{src}: only one proxy ({ids[0]}); a shortlist on one probe cannot detect a one-probe "
+                             "winner. Add a second family (e.g. a capability track) to `proxies:`.")
+    cons = raw.get("constraints") or {}
+    if not isinstance(cons, dict):
+        raise ProbeSpecError(f"{src}: `constraints:` must be a mapping (heldout_bpb_within, capability_floor).")
+    _unknown(src, "constraints: ", cons, _CONSTRAINT_KEYS)
+    bpb = cons.get("heldout_bpb_within")
+    if bpb is not None:
+        bpb = _number(src, "constraints.heldout_bpb_within", bpb, minimum=0.0)
+    floors_raw = cons.get("capability_floor") or []
+    if isinstance(floors_raw, dict):
+        floors_raw = [floors_raw]
+    if not isinstance(floors_raw, list):
+        raise ProbeSpecError(f"{src}: constraints.capability_floor must be a list of {{family, metric, min}}.")
+    floors = []
+    for i, f in enumerate(floors_raw):
+        where = f"constraints.capability_floor[{i}]: "
+        if not isinstance(f, dict):
+            raise ProbeSpecError(f"{src}: {where}must be a mapping like {{family: arith_plain, metric: candidate_accuracy, min: 0.5}}.")
+        _unknown(src, where, f, _FLOOR_KEYS)
+        for key in ("family", "metric", "min"):
+            if key not in f:
+                raise ProbeSpecError(f"{src}: {where}missing required key `{key}`.")
+        variant = f.get("variant")
+        floors.append(Floor(family=str(f["family"]), variant=None if variant in (None, "*") else str(variant),
+                            metric=str(f["metric"]), min=_number(src, where + "min", f["min"])))
+    agg = raw.get("aggregation", "mean_rank")
+    if agg not in AGGREGATIONS:
+        raise ProbeSpecError(f"{src}: aggregation {agg!r} is not supported.{did_you_mean(str(agg), AGGREGATIONS)} "
+                             f"Choose one of {list(AGGREGATIONS)}.")
+    k = raw.get("k", 3)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ProbeSpecError(f"{src}: k must be a positive integer, got {k!r}.")
+    cands = raw.get("candidates")
+    if cands is not None:
+        if not isinstance(cands, list) or not cands or not all(isinstance(c, (str, int)) for c in cands):
+            raise ProbeSpecError(f"{src}: candidates must be a non-empty list of checkpoint names (or steps).")
+        cands = tuple(cands)
+    desc = raw.get("description", "")
+    return Plan(proxies=tuple(proxies), heldout_bpb_within=bpb, floors=tuple(floors), aggregation=agg, k=k,
+                candidates=cands, description=str(desc or ""), path=path)
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read and validate a selection plan YAML (duplicate keys are an error)."""
+    path = Path(path)
+    return plan_from_dict(load_yaml(path), source=str(path), path=path)
+
+
+# ---------------------------------------------------------------------------
+# Values from the run
+# ---------------------------------------------------------------------------
+
+
+def _check_against_run(plan: Plan, summary: pd.DataFrame, src: str) -> None:
+    families = list(dict.fromkeys(summary["family"].astype(str)))
+    for what, items in (("proxy", plan.proxies), ("capability floor", plan.floors)):
+        for p in items:
+            if p.family not in families:
+                raise ProbeSpecError(f"{src}: {what} {p.id}: family {p.family!r} is not in this run.{did_you_mean(p.family, families)} "
+                                     f"Families in the run: {families}. Score it first or fix the plan.")
+            fam_rows = summary[summary["family"] == p.family]
+            variants = list(dict.fromkeys(fam_rows["variant"].astype(str)))
+            if p.variant not in (None, "*") and p.variant not in variants:
+                raise ProbeSpecError(f"{src}: {what} {p.id}: family {p.family!r} has no variant {p.variant!r} in this run."
+                                     f"{did_you_mean(p.variant, variants)} Variants in the run: {variants}.")
+            numeric = [c for c in summary.columns if pd.api.types.is_numeric_dtype(summary[c]) and c not in _NON_METRICS]
+            if p.metric not in numeric:
+                raise ProbeSpecError(f"{src}: {what} {p.id}: metric {p.metric!r} is not a numeric summary.csv column."
+                                     f"{did_you_mean(p.metric, numeric)} Available: {numeric}.")
+            if fam_rows[p.metric].isna().all():
+                raise ProbeSpecError(f"{src}: {what} {p.id}: the run has no {p.metric} values for family {p.family!r}; "
+                                     "pick a metric this family records.")
+
+
+def _per_variant(summary: pd.DataFrame, family: str, variant: str | None, metric: str, order: list[str]) -> pd.DataFrame:
+    """checkpoint x variant table of ``metric`` (one column when ``variant`` is named)."""
+    rows = summary[summary["family"] == family]
+    if variant not in (None, "*"):
+        rows = rows[rows["variant"] == variant]
+    wide = rows.pivot_table(index="checkpoint", columns="variant", values=metric, aggfunc="mean", dropna=False)
+    wide = wide.reindex(index=order)
+    # Variants that never record this metric (e.g. generation columns on span-only variants) do not count.
+    return wide.loc[:, wide.notna().any(axis=0)] if wide.notna().any(axis=None) else wide
+
+
+def _rank(values: pd.Series, higher: bool) -> pd.Series:
+    from scipy.stats import rankdata
+
+    v = values.astype(float)
+    ok = v.notna()
+    out = pd.Series(np.nan, index=v.index, dtype=float)
+    if ok.any():
+        out[ok] = rankdata(-v[ok].to_numpy() if higher else v[ok].to_numpy(), method="average")
+    return out
+
+
+def _resolve_candidates(plan: Plan, order: list[str], steps: dict[str, Any], src: str) -> list[str]:
+    if plan.candidates is None:
+        return list(order)
+    by_step = {int(s): c for c, s in steps.items() if pd.notna(s)}
+    out = []
+    for c in plan.candidates:
+        if isinstance(c, int) and c in by_step:
+            out.append(by_step[c])
+        elif str(c) in order:
+            out.append(str(c))
+        else:
+            raise ProbeSpecError(f"{src}: candidate {c!r} is not a checkpoint of this run.{did_you_mean(str(c), order)} "
+                                 f"Checkpoints: {order}.")
+    return [c for c in order if c in set(out)]
+
+
+# ---------------------------------------------------------------------------
+# The public entry point
+# ---------------------------------------------------------------------------
+
+
+def _fmt(x: float) -> str:
+    return "n/a" if x is None or not np.isfinite(x) else f"{x:.4g}"
+
+
+def shortlist(run_dir: str | Path, plan_path: str | Path, *, out_dir: str | Path | None = None) -> ShortlistResult:
+    """Rank, constrain and shortlist the checkpoints of ``run_dir`` under the plan at
+    ``plan_path``; write ``shortlist.csv`` and ``shortlist.json`` to ``out_dir`` (default
+    ``run_dir``). Definitions: module docstring. Raises :class:`ProbeSpecError` for an
+    invalid plan or one that names families/variants/metrics the run lacks.
+    """
+    from .dynamics import _kind_column, checkpoint_order, load_run
+
+    plan = load_plan(plan_path)
+    src = str(plan_path)
+    run = load_run(run_dir, need_scores=False)
+    summary = run.summary.copy()
+    summary["kind"] = _kind_column(summary)
+    _check_against_run(plan, summary, src)
+    order = checkpoint_order(summary)
+    info = summary.drop_duplicates("checkpoint").set_index("checkpoint")
+    steps = info["step"].to_dict()
+    tokens = info["tokens"].to_dict() if "tokens" in info.columns else {}
+    cands = _resolve_candidates(plan, order, steps, src)
+    k = plan.k
+    notes: list[str] = []
+    notes.extend(_predeclared_note(plan_path, run.manifest))
+
+    table = pd.DataFrame({"checkpoint": order})
+    table["step"] = table["checkpoint"].map(steps)
+    table["tokens"] = table["checkpoint"].map(tokens)
+    table["candidate"] = table["checkpoint"].isin(cands)
+    table = table.set_index("checkpoint")
+
+    ranks = pd.DataFrame(index=cands)
+    stability: dict[str, pd.Series] = {}
+    for p in plan.proxies:
+        wide = _per_variant(summary, p.family, p.variant, p.metric, cands)
+        higher = p.direction == "higher"
+        table[f"value[{p.id}]"] = wide.mean(axis=1, skipna=False).reindex(order)
+        if wide.shape[1] > 1:
+            per_var = pd.DataFrame({v: _rank(wide[v], higher) for v in wide.columns})
+            for v in per_var.columns:
+                table[f"value[{p.family}/{v}:{p.metric}]"] = wide[v].reindex(order)
+                table[f"rank[{p.family}/{v}:{p.metric}]"] = per_var[v].reindex(order)
+            ranks[p.id] = _rank(per_var.mean(axis=1, skipna=False), higher=False)
+            frac = (per_var <= k + 1e-9).sum(axis=1) / per_var.shape[1]
+            frac[per_var.isna().any(axis=1)] = np.nan
+            stability[p.id] = frac
+            table[f"topk_frac[{p.id}]"] = frac.reindex(order)
+        else:
+            ranks[p.id] = _rank(wide.iloc[:, 0], higher)
+        table[f"rank[{p.id}]"] = ranks[p.id].reindex(order)
+
+    complete = ranks.notna().all(axis=1)
+    agg = ranks.mean(axis=1) if plan.aggregation == "mean_rank" else ranks.median(axis=1)
+    agg[~complete] = np.nan
+    table[plan.aggregation] = agg.reindex(order)
+    table["aggregate_rank"] = _rank(agg, higher=False).reindex(order)
+    table["worst_rank"] = ranks.max(axis=1).where(complete).reindex(order)
+
+    # One-probe winners.
+    n = int(complete.sum())
+    half = (n + 1) / 2
+    one_probe: dict[str, str] = {}
+    for c in ranks.index[complete]:
+        for p in ranks.columns:
+            if ranks.loc[c, p] > ranks.loc[complete, p].min():
+                continue
+            others = [q for q in ranks.columns if q != p]
+            bottom = [q for q in others if ranks.loc[c, q] > half]
+            if others and len(bottom) * 2 > len(others):
+                tied = int((ranks.loc[complete, p] == ranks.loc[c, p]).sum()) - 1
+                first = f"first on {p}" + (f" (tied with {tied} other{'s' if tied > 1 else ''})" if tied else "")
+                one_probe[c] = (f"{first} but in the bottom half on {len(bottom)} of {len(others)} other proxies "
+                                f"({', '.join(f'{q} rank {ranks.loc[c, q]:g}' for q in bottom)})")
+                break
+    table["one_probe_winner"] = [c in one_probe for c in order]
+
+    # Constraints.
+    fails: dict[str, list[str]] = {c: [] for c in order}
+    passes_notes: dict[str, list[str]] = {c: [] for c in order}
+    if plan.heldout_bpb_within is not None:
+        nll = summary[summary["kind"].eq("nll")]
+        if "bits_per_byte" in nll.columns:
+            nll = nll[nll["bits_per_byte"].notna()]
+        if "bits_per_byte" not in summary.columns or not len(nll):
+            notes.append("constraint heldout_bpb_within skipped: the run has no held-out NLL rows "
+                         "(family heldout_nll with a bits_per_byte value). Score with held-out NLL to apply it.")
+            table["heldout_bpb"] = np.nan
+            table["pass_heldout_bpb"] = pd.NA
+        else:
+            bpb = nll.groupby("checkpoint")["bits_per_byte"].mean().reindex(order)
+            best = bpb.reindex(cands).min()
+            limit = best + plan.heldout_bpb_within
+            ok = bpb <= limit + 1e-12
+            table["heldout_bpb"] = bpb
+            table["pass_heldout_bpb"] = ok
+            for c in cands:
+                if pd.isna(bpb[c]):
+                    fails[c].append("no held-out bits per byte recorded")
+                elif not ok[c]:
+                    fails[c].append(f"held-out bpb {bpb[c]:.4f} is more than {plan.heldout_bpb_within:g} above the "
+                                    f"best candidate ({best:.4f})")
+                else:
+                    passes_notes[c].append(f"held-out bpb {bpb[c]:.4f} <= {limit:.4f}")
+    for f in plan.floors:
+        vals = _per_variant(summary, f.family, f.variant, f.metric, order).mean(axis=1, skipna=False)
+        ok = vals >= f.min - 1e-12
+        table[f"capability[{f.id}]"] = vals
+        table[f"pass_capability[{f.id}]"] = ok
+        for c in cands:
+            if pd.isna(vals[c]):
+                fails[c].append(f"no {f.id} value recorded")
+            elif not ok[c]:
+                fails[c].append(f"{f.id} {vals[c]:.4g} < floor {f.min:g}")
+            else:
+                passes_notes[c].append(f"{f.id} {vals[c]:.4g} >= {f.min:g}")
+    table["passes_constraints"] = [(not fails[c]) if c in set(cands) else pd.NA for c in order]
+
+    # Selection.
+    eligible = [c for c in cands if complete[c] and not fails[c] and c not in one_probe]
+    eligible.sort(key=lambda c: (agg[c], ranks.loc[c].max(), steps.get(c) if pd.notna(steps.get(c)) else -1))
+    chosen = eligible[:k]
+    if len(eligible) > k:
+        a, b = eligible[k - 1], eligible[k]
+        if agg[a] == agg[b] and ranks.loc[a].max() == ranks.loc[b].max():
+            notes.append(f"tie at the cut: {a} and {b} have the same {plan.aggregation} ({agg[a]:.3g}) and worst rank; "
+                         f"the earlier step was kept. Treat both as shortlisted for pilot SFT if budget allows.")
+    if len(chosen) < k:
+        notes.append(f"only {len(chosen)} checkpoint(s) are eligible; the shortlist is shorter than k={k}.")
+    if n and n <= k:
+        notes.append(f"only {n} ranked candidates for k={k}: the shortlist does not discriminate.")
+    pos = {c: i + 1 for i, c in enumerate(chosen)}
+    table["selected"] = [c in pos for c in order]
+    table["shortlist_position"] = [pos.get(c, np.nan) for c in order]
+
+    reasons, excluded = {}, {}
+    for c in order:
+        if c not in set(cands):
+            reasons[c] = "not a candidate: the plan's `candidates:` list leaves it out."
+        elif not complete[c]:
+            missing = [p for p in ranks.columns if pd.isna(ranks.loc[c, p])]
+            reasons[c] = f"excluded: no value on proxy {', '.join(missing)}."
+        elif c in one_probe:
+            reasons[c] = f"excluded as a one-probe winner: {one_probe[c]}."
+        elif fails[c]:
+            reasons[c] = "excluded: " + "; ".join(fails[c]) + "."
+        elif c in pos:
+            parts = [f"shortlisted #{pos[c]}: {plan.aggregation.replace('_', ' ')} {agg[c]:.3g} over {len(ranks.columns)} "
+                     f"proxies among {n} candidates (" + ", ".join(f"{p} rank {ranks.loc[c, p]:g}" for p in ranks.columns) + ")"]
+            for pid, frac in stability.items():
+                if pd.notna(frac[c]):
+                    parts.append(f"top {k} on {frac[c]:.0%} of {pid.split(':')[0].split('/')[0]} variants")
+            if passes_notes[c]:
+                parts.append("passes " + ", ".join(passes_notes[c]))
+            reasons[c] = "; ".join(parts) + "."
+        else:
+            reasons[c] = (f"not shortlisted: {plan.aggregation.replace('_', ' ')} {agg[c]:.3g} is behind the {len(chosen)} "
+                          "shortlisted checkpoints.")
+        if not table.loc[c, "selected"] and c in set(cands):
+            excluded[c] = reasons[c]
+    table["reason"] = [reasons[c] for c in order]
+
+    lead = ["step", "tokens", "candidate", "selected", "shortlist_position", plan.aggregation, "aggregate_rank",
+            "worst_rank", "one_probe_winner", "passes_constraints", "reason"]
+    rest = [c for c in table.columns if c not in lead]
+    table = table[lead + rest].reset_index()
+
+    out = Path(out_dir) if out_dir is not None else run.run_dir
+    csv_path, json_path = out / "shortlist.csv", out / "shortlist.json"
+    atomic_write_csv(csv_path, table)
+    man = base_manifest("shortlist", {"run_dir": str(run.run_dir), "plan": str(plan_path)})
+    man.update(
+        plan=plan.to_dict(),
+        plan_sha256=sha256_file(Path(plan_path)),
+        summary_sha256=sha256_file(run.run_dir / "summary.csv"),
+        run_created_utc=(run.manifest or {}).get("created_utc"),
+        n_candidates=len(cands),
+        selected=[{"checkpoint": c, "step": steps.get(c), "position": pos[c], "aggregate": float(agg[c]),
+                   "reason": reasons[c]} for c in chosen],
+        one_probe_winners=one_probe,
+        notes=notes,
+        table="shortlist.csv",
+    )
+    atomic_write_json(json_path, man)
+    return ShortlistResult(table=table, selected=chosen, notes=notes, plan=plan, csv_path=csv_path,
+                           json_path=json_path, excluded=excluded)
+
+
+def _predeclared_note(plan_path: str | Path, manifest: dict | None) -> list[str]:
+    """A note when the plan file was last changed after the run was scored."""
+    created = (manifest or {}).get("created_utc")
+    if not created:
+        return []
+    try:
+        run_time = _dt.datetime.fromisoformat(created)
+        mtime = _dt.datetime.fromtimestamp(Path(plan_path).stat().st_mtime, tz=_dt.timezone.utc)
+    except (ValueError, OSError):
+        return []
+    if mtime > run_time:
+        return [f"the plan file was last modified ({mtime.isoformat(timespec='seconds')}) after the run was scored "
+                f"({created}). If proxies were chosen after seeing results, this shortlist is exploratory: a proxy "
+                "chosen after seeing its winner is not evidence. Commit the plan before scoring (its sha256 is recorded)."]
+    return []

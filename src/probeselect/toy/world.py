@@ -1,0 +1,505 @@
+"""A small, fully deterministic synthetic "toy world" and its pretraining corpus.
+
+The world contains
+
+* arithmetic statements (addition and non-negative subtraction of integers
+  ``0..arith_max_operand``) in three surface formats (:data:`ARITH_TEMPLATES`),
+  with a seeded held-out set of ``(a, op, b)`` triples that never appears in any
+  training text;
+* counting and sequence patterns ("1, 2, 3, 4, 5", "5, 10, 15, 20", ...);
+* facts about fictional people (city, job, pet, hobby, favourite colour), both as
+  third-person sentences and as *persona blocks*: a description followed by
+  first-person question/answer lines;
+* word relations: opposites and categories.
+
+Everything that a probe might need to build prompts (word lists and sentence
+templates) is exported as a module-level constant.  The seed only chooses
+assignments (who lives where, which arithmetic triples are held out, which
+documents are sampled); the vocabularies are fixed here in code.
+
+All randomness goes through :func:`rng_for`, which derives an independent
+``random.Random`` stream from ``(seed, stream name)``, so adding a new stream
+never changes existing ones.
+"""
+
+import hashlib
+import random
+import re
+from dataclasses import dataclass, field
+
+# ---------------------------------------------------------------------------
+# Arithmetic
+# ---------------------------------------------------------------------------
+
+#: Exact arithmetic surface formats (a contract with the probe code).  ``op`` is
+#: ``"+"`` or ``"-"``; ``opword`` is ``"plus"`` or ``"minus"``.  In the corpus an
+#: arithmetic document is 4-8 of these lines, all in one format, joined by "\n".
+ARITH_TEMPLATES = {
+    "eq": "{a} {op} {b} = {c}",
+    "qa": "Q: What is {a} {op} {b}? A: {c}",
+    "words": "{a} {opword} {b} is {c}",
+}
+#: The two operators and their spelled-out words.
+ARITH_OPS = ("+", "-")
+ARITH_OPWORDS = {"+": "plus", "-": "minus"}
+#: Default largest operand (operands are integers ``0..arith_max_operand``).
+DEFAULT_ARITH_MAX_OPERAND = 29
+#: Fraction of the (a, op, b) triples of each operator that is held out.
+ARITH_HELDOUT_FRACTION = 0.10
+#: Inclusive range of the number of statements in one arithmetic document.
+ARITH_DOC_LINES = (4, 8)
+#: Sampling weights of the arithmetic formats in the corpus.
+ARITH_FORMAT_WEIGHTS = {"eq": 0.5, "qa": 0.25, "words": 0.25}
+
+# ---------------------------------------------------------------------------
+# People
+# ---------------------------------------------------------------------------
+
+FEMALE_NAMES = (
+    "Ana", "Bea", "Cora", "Dina", "Elsa", "Fay", "Gia", "Hana", "Ida", "Juno",
+    "Kira", "Lena", "Mira", "Nora", "Oda", "Pia", "Rosa", "Sara", "Tova", "Uma",
+    "Vera", "Wren", "Yara", "Zoe",
+)
+MALE_NAMES = (
+    "Abel", "Bo", "Cai", "Dag", "Emil", "Finn", "Gus", "Hugo", "Ivo", "Jon",
+    "Kai", "Leo", "Milo", "Nils", "Otto", "Per", "Rafe", "Sven", "Tor", "Ugo",
+    "Vik", "Wim", "Yves", "Zed",
+)
+CITIES = (
+    "Oslo", "Lima", "Cairo", "Dublin", "Kyoto", "Quito", "Perth", "Turin",
+    "Bergen", "Porto", "Riga", "Tunis", "Malmo", "Delft", "Hanoi", "Graz",
+)
+JOBS = (
+    "baker", "doctor", "teacher", "farmer", "pilot", "painter", "nurse", "chef",
+    "artist", "engineer", "singer", "tailor", "writer", "driver", "actor", "judge",
+)
+PETS = (
+    "cat", "dog", "parrot", "rabbit", "horse", "goat", "owl", "turtle",
+    "hamster", "goldfish",
+)
+HOBBIES = (
+    "chess", "swimming", "painting", "dancing", "cycling", "singing", "fishing",
+    "hiking", "reading", "gardening",
+)
+COLOURS = (
+    "red", "blue", "green", "yellow", "purple", "orange", "black", "white",
+    "pink", "brown",
+)
+#: Number of people in a world.
+N_PERSONS = 40
+#: Attribute names of a person, in canonical order.
+PERSON_ATTRIBUTES = ("city", "job", "pet", "hobby", "colour")
+
+#: Third-person fact sentences, one per attribute.  Placeholders are the keys of
+#: :meth:`Person.fields` (``a_job`` = "a baker", ``a_pet`` = "an owl", ...).
+FACT_TEMPLATES = {
+    "city": "{name} lives in {city}.",
+    "job": "{name} is {a_job}.",
+    "pet": "{name} has {a_pet}.",
+    "hobby": "{name} likes {hobby}.",
+    "colour": "{name}'s favourite colour is {colour}.",
+}
+#: Full persona description (the first sentence always opens a description; in
+#: the corpus about half of the descriptions are exactly this full template, the
+#: others keep the first sentence plus a random subset/order of the rest).
+PERSONA_DESCRIPTION_TEMPLATE = (
+    "{name} is {a_job} from {city}. {Subj} has {a_pet}. {Subj} likes {hobby}. "
+    "{Poss} favourite colour is {colour}."
+)
+PERSONA_DESCRIPTION_FIRST = "{name} is {a_job} from {city}."
+PERSONA_DESCRIPTION_EXTRA = {
+    "pet": "{Subj} has {a_pet}.",
+    "hobby": "{Subj} likes {hobby}.",
+    "colour": "{Poss} favourite colour is {colour}.",
+}
+#: First-person persona questions (five question types) and answers.
+PERSONA_QUESTIONS = {
+    "city": "Where do you live?",
+    "job": "What is your job?",
+    "pet": "What pet do you have?",
+    "hobby": "What do you like to do?",
+    "colour": "What is your favourite colour?",
+}
+PERSONA_ANSWER_TEMPLATES = {
+    "city": "I live in {city}.",
+    "job": "I am {a_job}.",
+    "pet": "I have {a_pet}.",
+    "hobby": "I like {hobby}.",
+    "colour": "My favourite colour is {colour}.",
+}
+#: One QA line; a persona block is the description line followed by QA lines.
+PERSONA_QA_TEMPLATE = "Q: {question} A: {answer}"
+#: Full QA line templates per question type, e.g.
+#: ``"Q: Where do you live? A: I live in {city}."``
+PERSONA_QA_TEMPLATES = {
+    k: PERSONA_QA_TEMPLATE.format(question=PERSONA_QUESTIONS[k], answer=PERSONA_ANSWER_TEMPLATES[k])
+    for k in PERSON_ATTRIBUTES
+}
+#: Separator between persona blocks inside one document.
+PERSONA_BLOCK_SEPARATOR = "\n\n"
+
+# ---------------------------------------------------------------------------
+# Word relations
+# ---------------------------------------------------------------------------
+
+OPPOSITE_PAIRS = (
+    ("hot", "cold"), ("big", "small"), ("up", "down"), ("fast", "slow"),
+    ("old", "young"), ("day", "night"), ("light", "dark"), ("happy", "sad"),
+    ("open", "closed"), ("wet", "dry"), ("early", "late"), ("full", "empty"),
+    ("hard", "soft"), ("high", "low"), ("long", "short"), ("rich", "poor"),
+    ("left", "right"), ("near", "far"), ("loud", "quiet"), ("thick", "thin"),
+)
+#: "The opposite of hot is cold." (both directions of every pair are used).
+OPPOSITE_TEMPLATE = "The opposite of {word} is {opposite}."
+CATEGORY_MEMBERS = {
+    "animal": ("dog", "cat", "horse", "cow", "lion", "sheep", "mouse", "tiger"),
+    "fruit": ("apple", "banana", "pear", "grape", "lemon", "mango", "cherry", "peach"),
+    "tool": ("hammer", "saw", "drill", "wrench", "shovel", "axe"),
+    "vehicle": ("car", "bus", "train", "bike", "boat", "truck"),
+    "instrument": ("piano", "guitar", "drum", "violin", "flute", "harp"),
+    "vegetable": ("carrot", "onion", "potato", "cabbage", "pepper", "leek"),
+}
+#: "A dog is an animal." / "An apple is a fruit."  ``Article`` is capitalised.
+CATEGORY_TEMPLATE = "{Article} {item} is {article} {category}."
+
+# ---------------------------------------------------------------------------
+# Sequences
+# ---------------------------------------------------------------------------
+
+#: Sequence kinds: counting by one, counting by a step, counting down, a
+#: constant sequence and an alternating two-value sequence.
+SEQUENCE_KINDS = ("count", "step", "countdown", "constant", "alternating")
+SEQUENCE_STEPS = (2, 3, 4, 5, 10)
+#: Numbers in a sequence line are joined by this separator: "5, 10, 15, 20".
+SEQUENCE_SEPARATOR = ", "
+#: Inclusive range of the number of terms in one sequence line.
+SEQUENCE_LENGTH = (5, 8)
+
+# ---------------------------------------------------------------------------
+# Corpus mix
+# ---------------------------------------------------------------------------
+
+#: Document-kind sampling weights of the pretraining corpus (per document).
+CORPUS_DOC_WEIGHTS = {
+    "arith": 0.52,
+    "sequence": 0.08,
+    "facts": 0.14,
+    "persona": 0.14,
+    "words": 0.12,
+}
+#: Default number of documents in the pretraining corpus.
+DEFAULT_CORPUS_DOCS = 16000
+
+
+def rng_for(seed: int, stream: str) -> random.Random:
+    """Return an independent ``random.Random`` for ``(seed, stream)``."""
+    digest = hashlib.sha256(f"probeselect-toy:{seed}:{stream}".encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "little"))
+
+
+def with_article(word: str) -> str:
+    """``"a baker"`` / ``"an owl"`` (vowel rule, sufficient for the word lists)."""
+    return ("an " if word[0] in "aeiou" else "a ") + word
+
+
+def arith_result(a: int, op: str, b: int) -> int:
+    """Value of ``a op b`` for ``op`` in ``{"+", "-"}`` (also accepts "plus"/"minus")."""
+    op = _norm_op(op)
+    return a + b if op == "+" else a - b
+
+
+def format_arith(a: int, op: str, b: int, fmt: str = "eq", c: int | None = None) -> str:
+    """Render one arithmetic statement in format ``fmt`` (a key of :data:`ARITH_TEMPLATES`).
+
+    ``c`` defaults to the correct result.
+    """
+    op = _norm_op(op)
+    if c is None:
+        c = arith_result(a, op, b)
+    return ARITH_TEMPLATES[fmt].format(a=a, op=op, b=b, c=c, opword=ARITH_OPWORDS[op])
+
+
+def format_arith_prompt(a: int, op: str, b: int, fmt: str = "eq") -> str:
+    """The statement with its answer removed, e.g. ``"68 - 60 ="``.
+
+    The answer continuation is ``" " + str(c)`` (the leading space belongs to the
+    answer).
+    """
+    full = format_arith(a, op, b, fmt, c=0)
+    assert full.endswith(" 0")
+    return full[:-2]
+
+
+def _norm_op(op: str) -> str:
+    if op in ("+", "plus"):
+        return "+"
+    if op in ("-", "minus"):
+        return "-"
+    raise ValueError(f"unknown arithmetic operator {op!r}")
+
+
+def make_sequence(kind: str, rng: random.Random) -> list[int]:
+    """Sample one sequence (list of non-negative ints) of the given kind."""
+    n = rng.randint(*SEQUENCE_LENGTH)
+    if kind == "count":
+        start = rng.randint(0, 20)
+        return [start + i for i in range(n)]
+    if kind == "step":
+        step = rng.choice(SEQUENCE_STEPS)
+        start = step * rng.randint(0, 4) if rng.random() < 0.6 else rng.randint(0, 9)
+        return [start + step * i for i in range(n)]
+    if kind == "countdown":
+        start = rng.randint(n - 1, 30)
+        return [start - i for i in range(n)]
+    if kind == "constant":
+        v = rng.randint(0, 30)
+        return [v] * n
+    if kind == "alternating":
+        x, y = rng.sample(range(0, 21), 2)
+        return [x if i % 2 == 0 else y for i in range(n)]
+    raise ValueError(kind)
+
+
+def format_sequence(values: list[int]) -> str:
+    """``[5, 10, 15]`` -> ``"5, 10, 15"``."""
+    return SEQUENCE_SEPARATOR.join(str(v) for v in values)
+
+
+def opposite_sentences() -> list[str]:
+    """All opposite sentences (both directions), in a fixed order."""
+    out = []
+    for x, y in OPPOSITE_PAIRS:
+        out.append(OPPOSITE_TEMPLATE.format(word=x, opposite=y))
+        out.append(OPPOSITE_TEMPLATE.format(word=y, opposite=x))
+    return out
+
+
+def category_sentence(item: str, category: str) -> str:
+    """``"A dog is an animal."``."""
+    art_item = with_article(item).split(" ")[0]
+    return CATEGORY_TEMPLATE.format(
+        Article=art_item.capitalize(), item=item,
+        article=with_article(category).split(" ")[0], category=category,
+    )
+
+
+def category_sentences() -> list[str]:
+    """All category sentences, in a fixed order."""
+    return [category_sentence(item, cat) for cat, items in CATEGORY_MEMBERS.items() for item in items]
+
+
+@dataclass(frozen=True)
+class Person:
+    """A fictional person. ``pronoun`` is ``"she"`` or ``"he"``."""
+
+    name: str
+    pronoun: str
+    city: str
+    job: str
+    pet: str
+    hobby: str
+    colour: str
+
+    def fields(self) -> dict[str, str]:
+        """Placeholder values for all person templates."""
+        subj = self.pronoun
+        poss = "her" if subj == "she" else "his"
+        return {
+            "name": self.name, "city": self.city, "job": self.job, "a_job": with_article(self.job),
+            "pet": self.pet, "a_pet": with_article(self.pet), "hobby": self.hobby, "colour": self.colour,
+            "subj": subj, "Subj": subj.capitalize(), "poss": poss, "Poss": poss.capitalize(),
+        }
+
+    def fact(self, attribute: str) -> str:
+        """Third-person fact sentence, e.g. ``"Ana lives in Oslo."``."""
+        return FACT_TEMPLATES[attribute].format(**self.fields())
+
+    def description(self, extras: tuple[str, ...] | None = None) -> str:
+        """Persona description.  ``extras=None`` gives the full template; otherwise the
+        first sentence followed by the given extra attributes (subset of pet/hobby/colour)
+        in the given order."""
+        f = self.fields()
+        if extras is None:
+            return PERSONA_DESCRIPTION_TEMPLATE.format(**f)
+        parts = [PERSONA_DESCRIPTION_FIRST.format(**f)]
+        parts += [PERSONA_DESCRIPTION_EXTRA[k].format(**f) for k in extras]
+        return " ".join(parts)
+
+    def persona_answer(self, attribute: str) -> str:
+        """First-person answer, e.g. ``"I live in Oslo."``."""
+        return PERSONA_ANSWER_TEMPLATES[attribute].format(**self.fields())
+
+    def persona_qa(self, attribute: str) -> str:
+        """``"Q: Where do you live? A: I live in Oslo."``."""
+        return PERSONA_QA_TEMPLATE.format(question=PERSONA_QUESTIONS[attribute], answer=self.persona_answer(attribute))
+
+    def persona_block(self, attributes: tuple[str, ...] = PERSON_ATTRIBUTES, extras: tuple[str, ...] | None = None) -> str:
+        """Description line followed by one QA line per attribute."""
+        return "\n".join([self.description(extras)] + [self.persona_qa(k) for k in attributes])
+
+
+ArithTriple = tuple[int, str, int]
+
+
+@dataclass(frozen=True)
+class ToyWorld:
+    """One seeded toy world.
+
+    Attributes:
+        seed: the seed the world was generated from.
+        persons: the ``N_PERSONS`` people (seeded assignment of names/attributes).
+        arith_max_operand: operands are integers ``0..arith_max_operand``.
+        arith_train: the (a, op, b) triples allowed in training text, sorted.
+        arith_heldout: the held-out (a, op, b) triples (about 10% per operator),
+            sorted; they never appear in the corpus or in the SFT/transfer data.
+    """
+
+    seed: int
+    persons: tuple[Person, ...]
+    arith_max_operand: int
+    arith_train: tuple[ArithTriple, ...]
+    arith_heldout: tuple[ArithTriple, ...]
+    _heldout_set: frozenset = field(default=frozenset(), repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "_heldout_set", frozenset(self.arith_heldout))
+
+    # -- construction -------------------------------------------------------
+    @classmethod
+    def generate(cls, seed: int = 0, arith_max_operand: int = DEFAULT_ARITH_MAX_OPERAND) -> "ToyWorld":
+        """Generate the world for ``seed`` (deterministic)."""
+        rng = rng_for(seed, "persons")
+        names = [(n, "she") for n in FEMALE_NAMES] + [(n, "he") for n in MALE_NAMES]
+        chosen = rng.sample(names, N_PERSONS)
+        persons = tuple(
+            Person(name=n, pronoun=p, city=rng.choice(CITIES), job=rng.choice(JOBS), pet=rng.choice(PETS),
+                   hobby=rng.choice(HOBBIES), colour=rng.choice(COLOURS))
+            for n, p in chosen
+        )
+        rng = rng_for(seed, "arith-heldout")
+        train: list[ArithTriple] = []
+        held: list[ArithTriple] = []
+        for op in ARITH_OPS:
+            triples = all_arith_triples(arith_max_operand, op)
+            k = round(ARITH_HELDOUT_FRACTION * len(triples))
+            h = set(rng.sample(triples, k))
+            held += [t for t in triples if t in h]
+            train += [t for t in triples if t not in h]
+        return cls(seed=seed, persons=persons, arith_max_operand=arith_max_operand,
+                   arith_train=tuple(sorted(train)), arith_heldout=tuple(sorted(held)))
+
+    # -- queries ------------------------------------------------------------
+    def is_heldout(self, a: int, op: str, b: int) -> bool:
+        """True if ``(a, op, b)`` is a held-out arithmetic triple (op may be "plus"/"minus")."""
+        return (int(a), _norm_op(op), int(b)) in self._heldout_set
+
+    def person(self, name: str) -> Person:
+        """Look a person up by name."""
+        for p in self.persons:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    def arith_train_by_op(self, op: str) -> list[ArithTriple]:
+        op = _norm_op(op)
+        return [t for t in self.arith_train if t[1] == op]
+
+    # -- corpus -------------------------------------------------------------
+    def sample_document(self, kind: str, rng: random.Random) -> str:
+        """Sample one document of the given kind (see :data:`CORPUS_DOC_WEIGHTS`)."""
+        if kind == "arith":
+            fmt = _weighted(rng, ARITH_FORMAT_WEIGHTS)
+            n = rng.randint(*ARITH_DOC_LINES)
+            by_op = self._train_by_op_cache()
+            lines = []
+            for _ in range(n):
+                a, op, b = rng.choice(by_op[rng.choice(ARITH_OPS)])
+                lines.append(format_arith(a, op, b, fmt))
+            return "\n".join(lines)
+        if kind == "sequence":
+            n = rng.randint(3, 6)
+            return "\n".join(format_sequence(make_sequence(rng.choice(SEQUENCE_KINDS), rng)) for _ in range(n))
+        if kind == "facts":
+            return "\n".join(self.sample_fact_line(rng) for _ in range(rng.randint(2, 4)))
+        if kind == "persona":
+            k = rng.randint(1, 4)
+            return PERSONA_BLOCK_SEPARATOR.join(self.sample_persona_block(p, rng) for p in rng.sample(self.persons, k))
+        if kind == "words":
+            return "\n".join(self.sample_words_line(rng) for _ in range(rng.randint(3, 6)))
+        raise ValueError(kind)
+
+    def sample_fact_line(self, rng: random.Random) -> str:
+        """2-5 facts about one person, in random order, on one line."""
+        p = rng.choice(self.persons)
+        attrs = rng.sample(PERSON_ATTRIBUTES, rng.randint(2, 5))
+        return " ".join(p.fact(a) for a in attrs)
+
+    def sample_persona_block(self, p: Person, rng: random.Random) -> str:
+        """A persona block: description, then QA lines about described attributes."""
+        if rng.random() < 0.5:
+            extras = None
+            described = PERSON_ATTRIBUTES
+        else:
+            extras = tuple(rng.sample(("pet", "hobby", "colour"), rng.randint(0, 3)))
+            described = ("city", "job") + extras
+        qs = rng.sample(described, rng.randint(min(2, len(described)), len(described)))
+        return p.persona_block(tuple(qs), extras)
+
+    def sample_words_line(self, rng: random.Random) -> str:
+        """1-3 opposite / category sentences on one line."""
+        sents = []
+        for _ in range(rng.randint(1, 3)):
+            if rng.random() < 0.5:
+                x, y = rng.choice(OPPOSITE_PAIRS)
+                if rng.random() < 0.5:
+                    x, y = y, x
+                sents.append(OPPOSITE_TEMPLATE.format(word=x, opposite=y))
+            else:
+                cat = rng.choice(list(CATEGORY_MEMBERS))
+                sents.append(category_sentence(rng.choice(CATEGORY_MEMBERS[cat]), cat))
+        return " ".join(sents)
+
+    def corpus(self, n_docs: int = DEFAULT_CORPUS_DOCS, stream: str = "corpus") -> list[str]:
+        """The pretraining corpus: ``n_docs`` documents (deterministic in seed, n_docs, stream).
+
+        Documents never contain a held-out arithmetic triple.
+        """
+        rng = rng_for(self.seed, stream)
+        kinds = list(CORPUS_DOC_WEIGHTS)
+        weights = [CORPUS_DOC_WEIGHTS[k] for k in kinds]
+        return [self.sample_document(rng.choices(kinds, weights)[0], rng) for _ in range(n_docs)]
+
+    def _train_by_op_cache(self) -> dict[str, list[ArithTriple]]:
+        cache = self.__dict__.get("_by_op")
+        if cache is None:
+            cache = {op: self.arith_train_by_op(op) for op in ARITH_OPS}
+            object.__setattr__(self, "_by_op", cache)
+        return cache
+
+
+def all_arith_triples(max_operand: int, op: str) -> list[ArithTriple]:
+    """All (a, op, b) with operands in ``0..max_operand`` (and ``a >= b`` for "-")."""
+    r = range(max_operand + 1)
+    if op == "+":
+        return [(a, "+", b) for a in r for b in r]
+    return [(a, "-", b) for a in r for b in r if a >= b]
+
+
+_ARITH_PATTERNS = (
+    re.compile(r"(?<!\d)(\d+) ([+\-]) (\d+)(?!\d)"),
+    re.compile(r"(?<!\d)(\d+) (plus|minus) (\d+)(?!\d)"),
+)
+
+
+def find_arith_triples(text: str) -> set[ArithTriple]:
+    """All (a, op, b) mentioned in ``text`` in any of the arithmetic formats."""
+    out = set()
+    for pat in _ARITH_PATTERNS:
+        for m in pat.finditer(text):
+            out.add((int(m.group(1)), _norm_op(m.group(2)), int(m.group(3))))
+    return out
+
+
+def _weighted(rng: random.Random, weights: dict[str, float]) -> str:
+    keys = list(weights)
+    return rng.choices(keys, [weights[k] for k in keys])[0]

@@ -1,0 +1,201 @@
+"""Dynamics statistics on synthetic tables with hand-computed answers."""
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from probeselect._io import atomic_write_csv, atomic_write_json, atomic_write_parquet
+from probeselect.dynamics import compute_dynamics, flip_rates, spearman_matrix, trajectory_stats
+from probeselect.errors import ProbeselectError
+from probeselect.tables import summarize_scores
+
+STEPS = [10, 20, 30, 40, 50]
+OFFSETS = [-0.3, -0.1, 0.1, 0.3]  # per-item offsets: mean 0, so the mean margin is exactly m
+
+
+def _scores(family, variant, means, *, offsets=OFFSETS, seed_delta=0.1, kind=None):
+    """Per-item rows whose mean margin at checkpoint i is means[i]; seed s adds +-seed_delta."""
+    rows = []
+    for step, m in zip(STEPS, means):
+        for seed, sgn in ((0, 1), (1, -1)):
+            for i, off in enumerate(offsets):
+                margin = m + off + sgn * seed_delta
+                rows.append(dict(checkpoint=f"checkpoint-{step}", step=step, tokens=step * 100, family=family,
+                                 variant=variant, seed=seed, item_id=f"{family}/{variant}/{i}", margin=margin,
+                                 margin_per_token=margin, correct=margin > 0, candidate_correct=margin > 0))
+    return pd.DataFrame(rows)
+
+
+def make_run(path, parts, *, extra_rows=(), extra_cols=None, status="complete"):
+    """A run folder with scores.parquet, summary.csv (+ optional NLL rows / columns), manifest.json."""
+    scores = pd.concat(parts, ignore_index=True)
+    summary = summarize_scores(scores)
+    summary["kind"] = np.where(summary["family"].str.startswith("cap"), "capability", "conflict")
+    for col, fn in (extra_cols or {}).items():
+        summary[col] = [fn(r) for r in summary.itertuples()]
+    if extra_rows:
+        summary = pd.concat([summary, pd.DataFrame(list(extra_rows))], ignore_index=True)
+    path.mkdir(parents=True, exist_ok=True)
+    atomic_write_parquet(path / "scores.parquet", scores)
+    atomic_write_csv(path / "summary.csv", summary)
+    atomic_write_json(path / "manifest.json", {"status": status, "created_utc": "2020-01-01T00:00:00+00:00",
+                                               "checkpoints": [], "seeds": [0, 1]})
+    return path
+
+
+# --- pure statistics --------------------------------------------------------------------
+
+
+def test_trajectory_stats_by_hand():
+    st = trajectory_stats([1.0, -0.5, 0.5, 2.0, 1.0], steps=STEPS, seed_sd=[0.1, 0.2, 0.3, 0.2, 0.2], noise_window=3)
+    assert st["n_checkpoints"] == 5
+    assert st["sign_changes"] == 2  # 1 -> -0.5 and -0.5 -> 0.5
+    assert st["total_variation"] == pytest.approx(1.5 + 1.0 + 1.5 + 1.0)
+    assert st["mean_abs_change"] == pytest.approx(5.0 / 4)
+    assert st["excess_variation"] == pytest.approx(5.0 - 0.0)  # ends where it started
+    assert st["largest_drop"] == pytest.approx(1.5) and st["largest_drop_step"] == 20
+    assert st["signal_range"] == pytest.approx(2.5)
+    assert st["signal_sd"] == pytest.approx(math.sqrt(3.3 / 4))
+    assert st["noise_seed_sd"] == pytest.approx(0.2)
+    # last 3 values 0.5, 2, 1: population sd; differences 1.5, -1 -> sd (ddof=1) 1.25*sqrt(2), / sqrt(2)
+    assert st["noise_last_sd"] == pytest.approx(math.sqrt(((0.5 - 7 / 6) ** 2 + (2 - 7 / 6) ** 2 + (1 - 7 / 6) ** 2) / 3))
+    assert st["noise_last_diff_sd"] == pytest.approx(1.25)
+    assert st["snr_last"] == pytest.approx(2.5 / st["noise_last_sd"])
+    assert st["snr_last_diff"] == pytest.approx(2.0)
+    assert st["snr_seed"] == pytest.approx(12.5)
+
+
+def test_trajectory_stats_lower_is_better_and_edge_cases():
+    st = trajectory_stats([1.0, 1.2, 1.1], higher_is_better=False, signed=False)
+    assert math.isnan(st["sign_changes"])
+    assert st["largest_drop"] == pytest.approx(0.2) and st["largest_drop_step"] == 1  # bpb went up at index 1
+    mono = trajectory_stats([0.0, 1.0, 3.0])
+    assert mono["largest_drop"] == 0 and math.isnan(mono["largest_drop_step"]) and mono["excess_variation"] == 0
+    flat = trajectory_stats([0.0, 1.0, 1.0, 1.0], noise_window=3)
+    assert flat["noise_last_sd"] == 0 and flat["snr_last"] == math.inf
+    const = trajectory_stats([2.0, 2.0, 2.0])
+    assert const["signal_range"] == 0 and math.isnan(const["snr_last"])
+    one = trajectory_stats([0.5])
+    assert math.isnan(one["total_variation"]) and math.isnan(one["snr_last"])
+
+
+def test_flip_rates_by_hand():
+    pattern = {"A": [True, True, False, False], "B": [True, False, False, True], "C": [True, False, False, True]}
+    rows = []
+    for step, (ck, corr) in enumerate(pattern.items()):
+        for u, c in enumerate(corr):
+            rows.append(dict(checkpoint=ck, step=step, family="f", variant="v", item_id=f"i{u // 2}", seed=u % 2,
+                             margin=1.0 if c else -1.0, correct=c))
+    fr = flip_rates(pd.DataFrame(rows))
+    assert fr["flip_rate"].tolist() == [0.5, 0.0]
+    assert fr["n_units"].tolist() == [4, 4]
+    assert fr[["from_checkpoint", "to_checkpoint"]].values.tolist() == [["A", "B"], ["B", "C"]]
+
+
+def test_spearman_known_answers():
+    wide = pd.DataFrame({"a": [1, 2, 3, 4, 5], "b": [1, 3, 2, 5, 4], "c": [5, 4, 3, 2, 1],
+                         "d": [1, 1, 2, 3, np.nan], "e": [7, 7, 7, 7, 7]}, dtype=float)
+    rho, n = spearman_matrix(wide)
+    assert rho.loc["a", "b"] == pytest.approx(1 - 6 * 4 / (5 * 24))  # = 0.8
+    assert rho.loc["a", "c"] == pytest.approx(-1.0)
+    assert n.loc["a", "b"] == 5 and n.loc["a", "d"] == 4
+    from scipy.stats import spearmanr
+
+    assert rho.loc["a", "d"] == pytest.approx(spearmanr([1, 2, 3, 4], [1, 1, 2, 3]).statistic)  # ties averaged
+    assert math.isnan(rho.loc["a", "e"])  # constant track
+    rho3, _ = spearman_matrix(wide.iloc[:2])
+    assert math.isnan(rho3.loc["a", "b"])  # fewer than 3 checkpoints
+
+
+# --- the run-folder entry point ---------------------------------------------------------
+
+
+@pytest.fixture
+def run(tmp_path):
+    parts = [
+        _scores("conf", "v", [1.0, -0.5, 0.5, 2.0, 1.0]),
+        # accuracy 0.25 -> 0.75 while the mean margin moves 0.06 nats: a zero-crossing artefact
+        _scores("conf", "w", [-0.03, 0.03, 1.0, 2.0, 3.0], offsets=[-0.04, -0.02, 0.02, 0.04], seed_delta=0.0),
+        _scores("cap", "v", [1.0, 2.0, 3.0, 4.0, 5.0]),
+        _scores("cap", "w", [5.0, 4.0, 3.0, 2.0, 1.0]),
+    ]
+    nll = [dict(checkpoint=f"checkpoint-{s}", step=s, tokens=s * 100, family="heldout_nll", variant="bpb", kind="nll",
+                bits_per_byte=b) for s, b in zip(STEPS, [1.5, 1.4, 1.45, 1.3, 1.2])]
+    gen = {"gen_consistency": lambda r: {10: 0.2, 20: 0.4, 30: 0.3, 40: 0.5, 50: 0.6}[r.step] if r.family == "cap" and r.variant == "v" else np.nan}
+    return make_run(tmp_path / "run", parts, extra_rows=nll, extra_cols=gen)
+
+
+def test_compute_dynamics_tables(run):
+    res = compute_dynamics(run)
+    st = res.stats.set_index("track")
+    assert list(st.index) == ["conf/v", "conf/w", "cap/v", "cap/w", "heldout_nll/bpb", "cap/v:gen_consistency"]
+    v = st.loc["conf/v"]
+    assert v["sign_changes"] == 2 and v["total_variation"] == pytest.approx(5.0)
+    assert v["largest_drop"] == pytest.approx(1.5) and v["largest_drop_step"] == 20
+    assert v["noise_seed_sd"] == pytest.approx(0.2 / math.sqrt(2))  # per-seed means m +- 0.1
+    assert v["signal_range"] == pytest.approx(2.5)
+    assert v["snr_seed"] == pytest.approx(2.5 / (0.2 / math.sqrt(2)))
+    nll = st.loc["heldout_nll/bpb"]
+    assert nll["metric"] == "bits_per_byte" and not nll["higher_is_better"]
+    assert nll["largest_drop"] == pytest.approx(0.05) and nll["largest_drop_step"] == 30
+    assert math.isnan(nll["sign_changes"]) and math.isnan(nll["flip_rate"])
+    assert st.loc["cap/v:gen_consistency", "kind"] == "generation"
+
+    # flip rate = mean over pairs of the per-pair flip fraction (hand count for conf/w)
+    w_pairs = res.pairs[res.pairs["track"] == "conf/w"]
+    assert w_pairs["flip_rate"].tolist() == pytest.approx([0.5, 0.25, 0.0, 0.0])
+    assert st.loc["conf/w", "flip_rate"] == pytest.approx(0.1875)
+    assert st.loc["conf/w", "flip_rate_max"] == pytest.approx(0.5)
+    first = w_pairs.iloc[0]
+    assert first["d_accuracy"] == pytest.approx(0.5) and first["d_mean_margin"] == pytest.approx(0.06)
+    assert first["flag_acc_moves_margin_still"] and not first["flag_margin_moves_acc_still"]
+    assert w_pairs["flag_acc_moves_margin_still"].sum() == 1
+    assert w_pairs["flag_margin_moves_acc_still"].tolist() == [False, False, True, True]
+    assert st.loc["conf/w", "n_flag_acc_moves_margin_still"] == 1
+
+    rho, n = res.correlation, res.correlation_n
+    assert rho.loc["cap/v", "cap/w"] == pytest.approx(-1.0) and n.loc["cap/v", "cap/w"] == 5
+    assert rho.loc["cap/v", "heldout_nll/bpb"] == pytest.approx(-0.9)  # bpb ranks 5,3,4,2,1
+    corr = pd.read_csv(run / "dynamics" / "correlation.csv")
+    row = corr[(corr.track_a == "cap/v") & (corr.track_b == "cap/w")].iloc[0]
+    assert row.spearman_rho == pytest.approx(-1.0) and row.n_checkpoints == 5
+
+    traj = res.trajectories[res.trajectories["track"] == "conf/v"]
+    assert traj["seed_min"].tolist() == pytest.approx([0.9, -0.6, 0.4, 1.9, 0.9])
+    assert traj["seed_max"].tolist() == pytest.approx([1.1, -0.4, 0.6, 2.1, 1.1])
+
+    out = run / "dynamics"
+    for name in ("dynamics.csv", "trajectories.csv", "pairs.csv", "correlation.csv", "manifest.json",
+                 "margin_trajectories.png", "accuracy_vs_margin.png", "correlation.png"):
+        assert (out / name).is_file(), name
+    assert (out / "margin_trajectories.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    disk = pd.read_csv(out / "dynamics.csv")
+    for col in ("sign_changes", "total_variation", "flip_rate", "largest_drop", "signal_range", "noise_seed_sd",
+                "noise_last_sd", "noise_last_diff_sd", "snr_last", "snr_seed", "noise_window"):
+        assert col in disk.columns
+    assert json.loads((out / "manifest.json").read_text())["kind"] == "dynamics"
+
+
+def test_works_without_scores_or_kind(tmp_path):
+    run = make_run(tmp_path / "run", [_scores("conf", "v", [1.0, -0.5, 0.5, 2.0, 1.0])])
+    (run / "scores.parquet").unlink()
+    s = pd.read_csv(run / "summary.csv").drop(columns=["kind"])
+    atomic_write_csv(run / "summary.csv", s)
+    res = compute_dynamics(run, plots=False)
+    assert res.stats.loc[0, "sign_changes"] == 2 and math.isnan(res.stats.loc[0, "flip_rate"])
+    assert any("scores.parquet" in n for n in res.notes)
+    assert res.stats.loc[0, "kind"] == "conflict"
+
+
+def test_incomplete_or_missing_run_is_refused(tmp_path):
+    run = make_run(tmp_path / "run", [_scores("conf", "v", [1.0, 0.5, 0.2, 0.1, 0.0])], status="running")
+    with pytest.raises(ProbeselectError, match="not 'complete'"):
+        compute_dynamics(run)
+    with pytest.raises(ProbeselectError, match="does not exist"):
+        compute_dynamics(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ProbeselectError, match="no summary.csv"):
+        compute_dynamics(tmp_path / "empty")

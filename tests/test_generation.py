@@ -1,0 +1,385 @@
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from probeselect.generation import (
+    Generation,
+    _finish,
+    classify_generation,
+    generative_audit,
+    greedy_generations,
+    normalize_answer,
+    persona_generation_table,
+    sample_generations,
+    select_audit_items,
+    summarize_audit,
+    summarize_generation,
+    wilson_interval,
+)
+from probeselect.probes import ProbeItem, generate_items, spec_from_dict
+from probeselect.score import load_model, load_tokenizer
+
+NL = 201  # "\n" in the toy tokenizer (checked below)
+
+PROMPTS = [
+    "Ana is a baker from Oslo. She has a cat.\nQ: Where do you live? A:",
+    "12 + 5 =",
+    "Q: What is 3 + 4? A:",
+    "The opposite of hot is",
+    "Bo is a pilot from Lima. He has an owl. He likes chess. His favourite colour is red.\nQ: What pet do you have? A:",
+]
+
+
+@pytest.fixture(scope="module")
+def ckpt(ladder_checkpoints):
+    path = ladder_checkpoints[-1]
+    return load_model(path, torch.float32, torch.device("cpu")), load_tokenizer(path)
+
+
+@pytest.fixture(scope="module")
+def tok(ckpt):
+    return ckpt[1]
+
+
+@pytest.fixture(scope="module")
+def random_model(tok):
+    """A randomly initialised tiny Llama with large weights: varied, non-degenerate argmax paths."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      initializer_range=0.3, bos_token_id=0, eos_token_id=1, pad_token_id=2)
+    return LlamaForCausalLM(cfg).eval()
+
+
+class _Script:
+    """Make ``model`` deterministic: next token = ``table[last input token]`` (others -inf-ish).
+
+    Also records (batch rows, sequence length) of every forward call.
+    """
+
+    def __init__(self, model, table: dict[int, int], default: int):
+        self.model, self.table, self.default, self.calls = model, table, default, []
+        self._last = None
+        self.h1 = model.register_forward_pre_hook(self._pre, with_kwargs=True)
+        self.h2 = model.lm_head.register_forward_hook(self._post)
+
+    def _pre(self, module, args, kwargs):
+        ids = kwargs["input_ids"]
+        self.calls.append(tuple(ids.shape))
+        self._last = ids[:, -1]
+
+    def _post(self, module, inp, out):
+        forced = torch.tensor([self.table.get(int(t), self.default) for t in self._last])
+        new = torch.full_like(out, -30.0)
+        new[torch.arange(out.shape[0]), -1, forced] = 30.0
+        return new
+
+    def remove(self):
+        self.h1.remove()
+        self.h2.remove()
+
+
+def test_toy_tokenizer_newline(tok):
+    assert tok.decode([NL]) == "\n"
+    assert tok.encode("a")[0] == tok.bos_token_id  # prompts get BOS like the span scorer
+
+
+# ---------------------------------------------------------------------------
+# stopping
+# ---------------------------------------------------------------------------
+
+
+def test_stop_at_newline_and_eos_scripted(random_model, tok):
+    ids = {w: tok.encode(w, add_special_tokens=False) for w in (" I", " live", " in", " Oslo", ".")}
+    assert all(len(v) == 1 for v in ids.values())
+    I, live, in_, oslo, dot = (ids[w][0] for w in (" I", " live", " in", " Oslo", "."))
+    eq = tok.encode("12 + 5 =", add_special_tokens=False)[-1]
+    colon = tok.encode("A:", add_special_tokens=False)[-1]
+    lima = tok.encode(" Lima", add_special_tokens=False)
+    assert len(lima) == 1
+    table = {colon: I, I: live, live: in_, in_: oslo, oslo: dot, dot: NL, eq: tok.eos_token_id}
+    s = _Script(random_model, table, default=lima[0])
+    try:
+        out = sample_generations(random_model, tok, [PROMPTS[0], PROMPTS[1], PROMPTS[3]], n=3, seed=0,
+                                 max_new_tokens=8)
+    finally:
+        s.remove()
+    assert [g for g in out[0]] == [Generation(" I live in Oslo.", True, 6)] * 3
+    assert out[1] == [Generation("", True, 1)] * 3  # EOS straight away
+    # "The opposite of hot is" -> Lima Lima ... never stops
+    assert out[2] == [Generation(" Lima" * 8, False, 8)] * 3
+
+
+def test_finished_rows_are_dropped(random_model, tok):
+    colon = tok.encode("A:", add_special_tokens=False)[-1]
+    eq = tok.encode("12 + 5 =", add_special_tokens=False)[-1]
+    oslo = tok.encode(" Oslo", add_special_tokens=False)[0]
+    s = _Script(random_model, {eq: NL, colon: oslo, oslo: oslo}, default=oslo)
+    try:
+        out = sample_generations(random_model, tok, [PROMPTS[1], PROMPTS[2]], n=10, max_new_tokens=5,
+                                 compact_fraction=0.1)
+    finally:
+        s.remove()
+    assert all(g == Generation("", True, 1) for g in out[0])
+    assert all(g == Generation(" Oslo" * 5, False, 5) for g in out[1])
+    # one prefill of 2 prompts, then decode steps: the 10 finished rows of prompt 0 are gone
+    assert s.calls[0][0] == 2 and s.calls[0][1] > 1
+    assert [c[0] for c in s.calls[1:]] == [10] * 4 and all(c[1] == 1 for c in s.calls[1:])
+
+
+def test_finish_keeps_text_before_newline():
+    class FakeTok:
+        def decode(self, ids, **kw):
+            return "".join({1: " Oslo", 2: ".\nQ", 3: "<eos>"}[i] for i in ids)
+
+    t = FakeTok()
+    assert _finish(t, [1, 2], "newline") == Generation(" Oslo.", True, 2)
+    assert _finish(t, [1, 3], "eos") == Generation(" Oslo", True, 2)
+    assert _finish(t, [1, 1], None) == Generation(" Oslo Oslo", False, 2)
+
+
+def test_real_checkpoint_generations_respect_stops(ckpt):
+    model, tok = ckpt
+    gens = sample_generations(model, tok, PROMPTS[:2], n=16, max_new_tokens=12, seed=0)
+    for gs in gens:
+        assert len(gs) == 16
+        for g in gs:
+            assert "\n" not in g.text and "<|eos|>" not in g.text
+            assert 1 <= g.n_new_tokens <= 12
+            if not g.terminated:
+                assert g.n_new_tokens == 12
+
+
+# ---------------------------------------------------------------------------
+# equivalence with HF generate, reproducibility, shared prefill
+# ---------------------------------------------------------------------------
+
+
+def _hf_greedy(model, tok, prompt, max_new_tokens):
+    enc = tok(prompt, return_tensors="pt")
+    out = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id,
+                         eos_token_id=tok.eos_token_id)
+    new = out[0, enc.input_ids.shape[1]:].tolist()
+    for k, t in enumerate(new):  # cut at the first newline / EOS, as our sampler does
+        if t == tok.eos_token_id:
+            return tok.decode(new[:k]), True
+        if "\n" in tok.decode([t]):
+            return tok.decode(new[: k + 1]).split("\n")[0], True
+    return tok.decode(new), False
+
+
+@pytest.mark.parametrize("which", ["ladder", "random"])
+def test_greedy_equals_hf_generate(which, ckpt, random_model):
+    model, tok = (ckpt if which == "ladder" else (random_model, ckpt[1]))
+    gens = greedy_generations(model, tok, PROMPTS, max_new_tokens=10, batch_size=3)  # left-padded batches
+    expected = [_hf_greedy(model, tok, p, 10) for p in PROMPTS]
+    assert [(g.text, g.terminated) for g in gens] == expected
+    if which == "random":
+        assert len({g.text for g in gens}) == len(PROMPTS)  # a non-trivial comparison
+    # the sampler's argmax mode gives the same continuation for every sample
+    samp = sample_generations(model, tok, PROMPTS[:2], n=4, temperature=0.0, max_new_tokens=10)
+    assert [[g.text for g in gs] for gs in samp] == [[e[0]] * 4 for e in expected[:2]]
+
+
+def test_sampling_reproducible(random_model, tok):
+    kw = dict(n=12, temperature=1.0, max_new_tokens=6)
+    a = sample_generations(random_model, tok, PROMPTS, seed=1, batch_prompts=8, **kw)
+    b = sample_generations(random_model, tok, PROMPTS, seed=1, batch_prompts=8, **kw)
+    assert a == b
+    c = sample_generations(random_model, tok, PROMPTS, seed=2, batch_prompts=8, **kw)
+    assert a != c
+    # samples of a prompt vary, and do not depend on batch composition or row chunking
+    assert len({g.text for g in a[0]}) > 3
+    d = sample_generations(random_model, tok, PROMPTS, seed=1, batch_prompts=2, max_rows=5, **kw)
+    assert d == a
+    e = sample_generations(random_model, tok, PROMPTS[2:3], seed=1, prompt_seeds=None, **kw)
+    assert e[0] != a[2]  # seeds derive from (seed, index): index 0 here
+    f = sample_generations(random_model, tok, [PROMPTS[2], PROMPTS[0]], seed=9, prompt_seeds=[77, 78], **kw)
+    g = sample_generations(random_model, tok, [PROMPTS[0]], seed=3, prompt_seeds=[78], **kw)
+    assert f[1] == g[0]
+
+
+@pytest.mark.parametrize("max_rows", [None, 40])
+def test_prefill_is_shared(random_model, tok, max_rows):
+    calls = []
+    h = random_model.register_forward_pre_hook(lambda m, a, kw: calls.append(tuple(kw["input_ids"].shape)),
+                                               with_kwargs=True)
+    try:
+        sample_generations(random_model, tok, PROMPTS[:3], n=50, max_new_tokens=4, batch_prompts=8,
+                           max_rows=max_rows)
+    finally:
+        h.remove()
+    width = max(len(tok.encode(p)) for p in PROMPTS[:3])
+    prefill = [c for c in calls if c[1] > 1]
+    # one prefill forward over the 3 prompts: each prompt's tokens once, not 50 times ...
+    assert prefill == [(3, width)] and calls[0] == (3, width)
+    # ... then one-token decode steps over the expanded rows (in chunks of <= max_rows rows)
+    decode = calls[1:]
+    assert all(c[1] == 1 and c[0] <= (max_rows or 150) for c in decode)
+    assert len(decode) <= 3 * -(-150 // (max_rows or 150))
+    assert max(c[0] for c in decode) == (max_rows or 150)
+
+
+# ---------------------------------------------------------------------------
+# classification and tables
+# ---------------------------------------------------------------------------
+
+
+def _item(**kw):
+    base = dict(item_id="f/v/0000", family="f", variant="v", seed=0, prompt="P:", task_answer=" I live in Oslo.",
+                shortcut_answer=" I live in Rome.", candidates=(" I live in Oslo.", " I live in Rome.", " I live in Lima."),
+                metadata={"shortcut_answers": [" I live in Riga.", " I live in Rome."]})
+    base.update(kw)
+    return ProbeItem(**base)
+
+
+def test_normalize_answer():
+    assert normalize_answer("  I live   in OSLO. ") == "i live in oslo"
+    assert normalize_answer('"Oslo!"') == "oslo"
+    assert normalize_answer(" 8") == "8"
+    assert normalize_answer("\tI am a baker.\n") == "i am a baker"
+    assert normalize_answer("") == ""
+
+
+def test_classify_generation():
+    it = _item()
+    assert classify_generation(Generation(" I live in Oslo.", True, 6), it) == "task"
+    assert classify_generation(Generation("i live in oslo", True, 6), it) == "task"
+    assert classify_generation(Generation(" I live in Oslo.", False, 16), it) == "unterminated"
+    assert classify_generation(Generation(" I live in Rome.", True, 6), it) == "shortcut"
+    assert classify_generation(Generation(" I live in Riga.", True, 6), it) == "shortcut"  # metadata list
+    assert classify_generation(Generation(" I live in Lima.", True, 6), it) == "other_candidate"
+    assert classify_generation(Generation(" I live in Oslo, Norway.", True, 8), it) == "other"
+    arith = _item(task_answer=" 8", shortcut_answer=" 4", candidates=(" 8", " 4", " 128"), metadata={})
+    assert classify_generation(Generation(" 8", True, 2), arith) == "task"
+    assert classify_generation(Generation(" 128", True, 2), arith) == "other_candidate"
+
+
+def test_wilson_interval_known_values():
+    # Newcombe (1998), Table I, method 3 (Wilson score interval without continuity correction)
+    for (k, n), (lo, hi) in {(81, 263): (0.2553, 0.3662), (15, 148): (0.0624, 0.1605),
+                             (0, 20): (0.0, 0.1611), (1, 29): (0.0061, 0.1718)}.items():
+        a, b = wilson_interval(k, n)
+        assert (round(a, 4), round(b, 4)) == (lo, hi)
+    a, b = wilson_interval(5, 10)
+    assert a == pytest.approx(0.2366, abs=1e-4) and b == pytest.approx(0.7634, abs=1e-4)
+    assert wilson_interval(10, 10)[1] == 1.0 and wilson_interval(0, 0) == (0.0, 1.0)
+    lo90, hi90 = wilson_interval(5, 10, level=0.90)
+    assert a < lo90 < hi90 < b
+    with pytest.raises(ValueError):
+        wilson_interval(3, 2)
+
+
+def test_persona_generation_table_and_summary(random_model, tok):
+    spec = spec_from_dict({"family": "persona_qa", "n_items": 3, "n_demos": 2, "variants": ["block", "qa_labels"]})
+    items = generate_items(spec, [0])
+    df = persona_generation_table(random_model, tok, items, n=8, temperature=1.0, max_new_tokens=4, seed=0,
+                                  batch_prompts=4)
+    assert list(df.columns[:10]) == ["item_id", "family", "variant", "seed", "n_samples", "n_task", "n_shortcut",
+                                     "n_other_candidate", "n_other", "n_unterminated"]
+    assert len(df) == 6 and (df.n_samples == 8).all()
+    counts = df[["n_task", "n_shortcut", "n_other_candidate", "n_other", "n_unterminated"]].sum(axis=1)
+    assert (counts == 8).all()
+    assert all(sum(c) <= 8 and len(t) == len(c) for t, c in zip(df.top_texts, df.top_counts))
+    # an item's samples do not depend on the other items in the list
+    df1 = persona_generation_table(random_model, tok, items[4:5], n=8, temperature=1.0, max_new_tokens=4, seed=0,
+                                   batch_prompts=4)
+    assert df1.iloc[0].to_dict() == df.iloc[4].to_dict()
+
+
+def test_summarize_generation_synthetic():
+    df = pd.DataFrame({
+        "checkpoint": ["c1"] * 3 + ["c2"],
+        "step": [1, 1, 1, 2],
+        "family": ["f"] * 4,
+        "variant": ["a", "a", "b", "a"],
+        "item_id": ["f/a/0", "f/a/1", "f/b/0", "f/a/0"],
+        "seed": [0] * 4,
+        "n_samples": [10, 10, 20, 10],
+        "n_task": [5, 3, 20, 0],
+        "n_shortcut": [4, 2, 0, 10],
+        "n_other_candidate": [0, 1, 0, 0],
+        "n_other": [1, 2, 0, 0],
+        "n_unterminated": [0, 2, 0, 0],
+    })
+    s = summarize_generation(df)
+    assert list(s[["checkpoint", "step", "family", "variant"]].itertuples(index=False, name=None)) == [
+        ("c1", 1, "f", "a"), ("c1", 1, "f", "b"), ("c2", 2, "f", "a")]
+    r = s.iloc[0]
+    assert r.gen_items == 2 and r.gen_n == 20 and r.gen_consistency == pytest.approx(8 / 20)
+    assert (r.gen_ci_low, r.gen_ci_high) == pytest.approx(wilson_interval(8, 20))
+    assert r.gen_shortcut_rate == pytest.approx(6 / 20) and r.gen_unterminated_rate == pytest.approx(2 / 20)
+    assert r.gen_item_consistency_mean == pytest.approx((0.5 + 0.3) / 2)
+    assert s.iloc[1].gen_consistency == 1.0 and s.iloc[1].gen_ci_high == 1.0
+    s2 = summarize_generation(df.drop(columns=["checkpoint", "step"]))
+    assert list(s2.columns[:2]) == ["family", "variant"] and len(s2) == 2
+    assert s2.iloc[0].gen_n == 30
+
+
+# ---------------------------------------------------------------------------
+# audit
+# ---------------------------------------------------------------------------
+
+
+def test_select_audit_items():
+    arith = generate_items(spec_from_dict({"family": "arith_pattern", "n_items": 30}), [0, 1])
+    pers = generate_items(spec_from_dict({"family": "persona_qa", "n_items": 10}), [0, 1])
+    items = arith + pers
+    sel = select_audit_items(items, n_per_family=12, seed=0)
+    assert len(sel) == 24 and {it.seed for it in sel} == {0}
+    assert sum(it.family == "arith_pattern" for it in sel) == 12
+    assert select_audit_items(list(reversed(items)), n_per_family=12, seed=0) == sel
+    assert select_audit_items(items, n_per_family=12, seed=1) != sel
+    assert len(select_audit_items(items, n_per_family=1000)) == 90 + 30
+    assert {it.seed for it in select_audit_items(items, 5, eval_seed=1)} == {1}
+
+
+def test_generative_audit_columns(random_model, tok):
+    items = generate_items(spec_from_dict({"family": "persona_qa", "n_items": 2, "variants": ["block"]}), [0])
+    df = generative_audit(random_model, tok, items, max_new_tokens=3, batch_size=2)
+    assert list(df.columns) == ["item_id", "family", "variant", "seed", "generated", "class", "terminated",
+                                "n_new_tokens"]
+    assert len(df) == 2 and set(df["class"]) <= {"task", "shortcut", "other_candidate", "other", "unterminated"}
+
+
+def test_summarize_audit_hand_computed():
+    audit = pd.DataFrame({
+        "item_id": [f"f/v/{i}" for i in range(6)],
+        "family": ["f"] * 6,
+        "variant": ["v"] * 6,
+        "seed": [0] * 6,
+        "generated": ["x"] * 6,
+        "class": ["task", "task", "shortcut", "other", "task", "unterminated"],
+        "terminated": [True] * 5 + [False],
+    })
+    scores = pd.DataFrame({
+        "checkpoint": ["c"] * 7,
+        "item_id": [f"f/v/{i}" for i in range(6)] + ["f/v/0"],
+        "seed": [0] * 6 + [1],  # the seed-1 row is not audited
+        "correct": [True, True, True, False, False, False, True],
+        "candidate_correct": [True, False, False, False, False, False, True],
+    })
+    s = summarize_audit(audit, scores)
+    assert len(s) == 1
+    r = s.iloc[0]
+    assert r.checkpoint == "c" and r.family == "f" and r.n == 6
+    assert r.gen_task_rate == pytest.approx(3 / 6) and r.gen_shortcut_rate == pytest.approx(1 / 6)
+    assert r.gen_unterminated_rate == pytest.approx(1 / 6) and r.gen_other_candidate_rate == 0
+    # gen==task: T T F F T F ; correct: T T T F F F ; candidate_correct: T F F F F F
+    assert r.n_correct == 3 and r.p_task_given_correct == pytest.approx(2 / 3)
+    assert r.n_candidate_correct == 1 and r.p_task_given_candidate_correct == 1.0
+    assert r.agree_correct == pytest.approx(4 / 6)  # agree on items 0,1,3,5
+    assert r.agree_candidate_correct == pytest.approx(4 / 6)  # agree on items 0,2,3,5
+    # several checkpoints in the scores need a checkpoint column in the audit
+    two = pd.concat([scores, scores.assign(checkpoint="d")])
+    with pytest.raises(ValueError, match="several checkpoints"):
+        summarize_audit(audit, two)
+    s2 = summarize_audit(audit.assign(checkpoint="d"), two, by=["checkpoint", "variant"])
+    assert list(s2.variant) == ["v"] and s2.iloc[0].n == 6
+    # no correct items -> NaN conditional rate
+    s3 = summarize_audit(audit, scores.assign(correct=False))
+    assert math.isnan(s3.iloc[0].p_task_given_correct) and s3.iloc[0].agree_correct == pytest.approx(3 / 6)

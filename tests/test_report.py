@@ -1,0 +1,115 @@
+"""The decision report: both files written, HTML self-contained, summary and caveats present."""
+
+import json
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from probeselect._io import atomic_write_csv, atomic_write_json, atomic_write_parquet
+from probeselect.errors import ProbeselectError
+from probeselect.manifest import base_manifest
+from probeselect.report import Figure, Para, Section, Table, render_html, render_markdown, write_report
+from probeselect.shortlist import shortlist
+from probeselect.tables import summarize_scores
+
+MEANS = {("conf", "a"): [0.5, -0.2, 0.4, 0.9, 0.1, 0.6], ("conf", "b"): [0.3, 0.1, -0.3, 0.8, 0.2, 0.7],
+         ("cap", "x"): [0.1, 0.4, 0.6, 0.8, 0.9, 1.0]}
+
+
+def _make_run(path, steps, shift=0.0):
+    rows = []
+    for (fam, var), means in MEANS.items():
+        for step, m in zip(steps, means):
+            for seed in (0, 1):
+                for i, off in enumerate((-0.4, -0.1, 0.1, 0.4)):
+                    mg = m + shift + off + (0.05 if seed else -0.05)
+                    rows.append(dict(checkpoint=f"checkpoint-{step}", step=step, tokens=step * 64, family=fam,
+                                     variant=var, seed=seed, item_id=f"{fam}/{var}/{i}", margin=mg,
+                                     margin_per_token=mg / 2, correct=mg > 0, candidate_correct=mg > 0.2))
+    scores = pd.DataFrame(rows)
+    summary = summarize_scores(scores, n_boot=50)
+    summary["kind"] = np.where(summary["family"] == "cap", "capability", "conflict")
+    man = base_manifest("score", {"seeds": [0, 1]})
+    man.update(status="complete", seeds=[0, 1], items_hash="abc123",
+               checkpoints=[{"name": f"checkpoint-{s}", "step": s, "tokens": s * 64, "fingerprint": f"fp{s:04d}",
+                             "tokenizer_hash": "tok", "path": f"/ladder/checkpoint-{s}"} for s in steps],
+               probes=[{"family": "conf", "path": "probes/conf.yaml", "spec_hash": "spec1", "file_sha256": "f1",
+                        "n_items_per_seed": 8}],
+               created_utc="2000-01-01T00:00:00+00:00")
+    atomic_write_parquet(path / "scores.parquet", scores)
+    atomic_write_csv(path / "summary.csv", summary)
+    atomic_write_json(path / "manifest.json", man)
+    return path
+
+
+PLAN = """
+proxies:
+  - {family: conf, variant: "*", metric: mean_margin}
+  - {family: cap, variant: x, metric: candidate_accuracy}
+k: 2
+"""
+
+
+def test_full_report_is_self_contained(tmp_path):
+    run = _make_run(tmp_path / "run", [10, 20, 30, 40, 50, 60])
+    _make_run(run / "averaged", [30, 40, 50, 60], shift=0.01)
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(PLAN)
+    sl = shortlist(run, plan)
+    md_path, html_path = write_report(run)
+    assert md_path == run / "report.md" and html_path == run / "report.html"
+    md, page = md_path.read_text(), html_path.read_text()
+
+    for title in ("Summary", "Shortlist", "Margin trajectories", "Accuracy against margin", "Signal and noise",
+                  "Correlation across probes", "Averaging vs raw", "Caveats", "Provenance"):
+        assert f"## {title}" in md
+        assert f">{title}</h2>" in page
+    assert md.index("## Summary") < md.index("## Shortlist") < md.index("## Caveats")
+    summary_md = md[md.index("## Summary"):md.index("## Shortlist")]
+    assert sl.selected and all(f"`{c}`" in summary_md for c in sl.selected)
+    assert "Mode-hopping" in summary_md and "Signal to noise" in summary_md and "Averaging" in summary_md
+    assert "pilot SFT" in md[md.index("## Caveats"):]
+    assert "a third answer can win" in page
+
+    # self-contained: every image inline, nothing fetched from anywhere
+    assert page.count('src="data:image/png;base64,') == 4  # trajectories, accuracy/margin, heatmap, averaging
+    assert not re.search(r'(src|href)="(https?:)?//', page)
+    assert "<link" not in page and "<script" not in page
+    for rel in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md):
+        assert (run / rel).is_file(), rel
+    assert "fp0010" in md and "spec1" in md  # provenance: fingerprints, spec hashes
+    assert "Seeds" in md or "seeds" in md
+
+
+def test_report_without_shortlist_or_averaging_says_what_to_do(tmp_path):
+    run = _make_run(tmp_path / "run", [1, 2, 3, 4])
+    md_path, html_path = write_report(run)
+    md = md_path.read_text()
+    assert "No shortlist yet" in md and "probeselect shortlist" in md
+    assert "No averaged run found" in md and "probeselect average" in md
+    assert html_path.read_text().count("data:image/png;base64,") == 3
+
+
+def test_averaged_run_found_through_pointer_file(tmp_path):
+    run = _make_run(tmp_path / "run", [1, 2, 3, 4, 5])
+    _make_run(tmp_path / "avg_run", [3, 4, 5])
+    atomic_write_json(run / "averaged.json", {"run_dir": "../avg_run"})
+    md = write_report(run).md.read_text()
+    assert "Averaged run:" in md and "TV ratio" in md
+    atomic_write_json(run / "averaged.json", {"run_dir": "../missing"})
+    with pytest.raises(ProbeselectError, match="averaged.json: points to"):
+        write_report(run)
+
+
+def test_both_renderers_share_one_section_list(tmp_path):
+    png = tmp_path / "f.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\nfake")
+    secs = [Section("Summary", [Para("Use `k` **now** <b>"), Table(["a|b", "c"], [["1|2", "3"]]),
+                                Figure(png, "look here", "alt text")])]
+    md = render_markdown("T", secs, tmp_path)
+    page = render_html("T", secs)
+    assert "| a\\|b | c |" in md and "| 1\\|2 | 3 |" in md and "![alt text](f.png)" in md
+    assert "<code>k</code>" in page and "<strong>now</strong>" in page and "&lt;b&gt;" in page
+    assert "data:image/png;base64," in page and json.dumps("look here")[1:-1] in page

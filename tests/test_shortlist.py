@@ -1,0 +1,170 @@
+"""Shortlist: ranks, aggregation, constraints, one-probe winners, variant stability, plan validation."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from probeselect._io import atomic_write_csv, atomic_write_json
+from probeselect.errors import ProbeSpecError
+from probeselect.shortlist import load_plan, shortlist
+
+REPO = Path(__file__).resolve().parents[1]
+CKPTS = [f"c{i}" for i in range(1, 7)]
+# conf (3 prompt variants, mean_margin): c6 is best on every variant.
+CONF = {"a": [0.1, 0.2, 0.5, 0.4, 0.3, 0.9], "b": [0.1, 0.3, 0.6, 0.5, 0.2, 0.9], "c": [0.2, 0.1, 0.4, 0.6, 0.45, 0.9]}
+CAP = [0.3, 0.5, 0.8, 0.6, 0.7, 0.4]  # cap/x candidate_accuracy: c6 in the bottom half
+REL = [-1.0, 0.0, 2.0, 1.5, 1.0, -0.5]  # rel/x mean_margin: c6 in the bottom half
+BPB = [1.50, 1.40, 1.46, 1.30, 1.33, 1.31]
+
+
+def _summary(with_nll=True):
+    rows = []
+    for i, ck in enumerate(CKPTS):
+        base = dict(checkpoint=ck, step=i + 1, tokens=(i + 1) * 1000)
+        for v, vals in CONF.items():
+            rows.append(dict(base, family="conf", variant=v, kind="conflict", mean_margin=vals[i], accuracy=0.5,
+                             candidate_accuracy=0.5))
+        rows.append(dict(base, family="cap", variant="x", kind="capability", mean_margin=0.0, accuracy=0.5,
+                         candidate_accuracy=CAP[i]))
+        rows.append(dict(base, family="rel", variant="x", kind="capability", mean_margin=REL[i], accuracy=0.5,
+                         candidate_accuracy=0.5))
+        if with_nll:
+            rows.append(dict(base, family="heldout_nll", variant="bpb", kind="nll", bits_per_byte=BPB[i]))
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture
+def run(tmp_path):
+    d = tmp_path / "run"
+    atomic_write_csv(d / "summary.csv", _summary())
+    atomic_write_json(d / "manifest.json", {"status": "complete", "created_utc": "2999-01-01T00:00:00+00:00"})
+    return d
+
+
+PROXIES = """
+proxies:
+  - {family: conf, variant: "*", metric: mean_margin, direction: higher}
+  - {family: cap, variant: x, metric: candidate_accuracy}
+  - {family: rel, variant: x, metric: mean_margin}
+"""
+
+
+def _plan(tmp_path, text, name="plan.yaml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_ranks_one_probe_winner_and_variant_stability(tmp_path, run):
+    res = shortlist(run, _plan(tmp_path, PROXIES + "k: 3\n"))
+    t = res.table.set_index("checkpoint")
+    # per-variant ranks of conf (c6 first everywhere; c3/c4 tie on the mean per-variant rank)
+    assert t["rank[conf/a:mean_margin]"].tolist() == [6, 5, 2, 3, 4, 1]
+    assert t["rank[conf/c:mean_margin]"].tolist() == [5, 6, 4, 2, 3, 1]
+    assert t["rank[conf/*:mean_margin]"].tolist() == [6, 5, 2.5, 2.5, 4, 1]
+    assert t["rank[cap/x:candidate_accuracy]"].tolist() == [6, 4, 1, 3, 2, 5]
+    assert t["rank[rel/x:mean_margin]"].tolist() == [6, 4, 1, 2, 3, 5]
+    assert t["mean_rank"].tolist() == pytest.approx([6, 13 / 3, 1.5, 2.5, 3, 11 / 3])
+    # fraction of the 3 conf variants on which each checkpoint is in the top k=3
+    assert t["topk_frac[conf/*:mean_margin]"].tolist() == pytest.approx([0, 0, 2 / 3, 1, 1 / 3, 1])
+    assert t["value[conf/*:mean_margin]"]["c6"] == pytest.approx(0.9)
+
+    assert t["one_probe_winner"].tolist() == [False] * 5 + [True]
+    assert t.loc["c6", "aggregate_rank"] == 4  # first on conf, but not first overall
+    assert "one-probe winner" in t.loc["c6", "reason"] and "bottom half on 2 of 2" in t.loc["c6", "reason"]
+    assert res.selected == ["c3", "c4", "c5"]
+    assert t.loc["c3", "shortlist_position"] == 1 and t.loc["c3", "selected"]
+    assert t.loc["c3", "reason"].startswith("shortlisted #1: mean rank 1.5")
+    assert "top 3 on 67% of conf variants" in t.loc["c3", "reason"]
+    assert t.loc["c2", "reason"].startswith("not shortlisted")
+    assert set(res.excluded) == {"c1", "c2", "c6"}
+
+    disk = pd.read_csv(run / "shortlist.csv")
+    assert len(disk) == 6 and disk["selected"].sum() == 3
+    for col in ("checkpoint", "step", "selected", "reason", "mean_rank", "one_probe_winner", "passes_constraints"):
+        assert col in disk.columns
+    meta = json.loads((run / "shortlist.json").read_text())
+    assert [s["checkpoint"] for s in meta["selected"]] == ["c3", "c4", "c5"]
+    assert meta["plan_sha256"] and meta["summary_sha256"] and "c6" in meta["one_probe_winners"]
+    assert not any("modified" in n for n in res.notes)  # run "scored" after the plan was written
+
+
+def test_constraints_exclude_with_reasons(tmp_path, run):
+    plan = PROXIES + """
+constraints:
+  heldout_bpb_within: 0.05
+  capability_floor:
+    - {family: cap, metric: candidate_accuracy, min: 0.55}
+k: 3
+"""
+    res = shortlist(run, _plan(tmp_path, plan))
+    t = res.table.set_index("checkpoint")
+    assert t["pass_heldout_bpb"].tolist() == [False, False, False, True, True, True]  # best 1.30, limit 1.35
+    assert t["pass_capability[cap/*:candidate_accuracy]"].tolist() == [False, False, True, True, True, False]
+    assert res.selected == ["c4", "c5"]  # c3 fails bpb, c6 is a one-probe winner
+    assert "held-out bpb 1.4600 is more than 0.05 above the best candidate (1.3000)" in t.loc["c3", "reason"]
+    assert t.loc["c3", "reason"].startswith("excluded:")
+    assert "cap/*:candidate_accuracy 0.3 < floor 0.55" in t.loc["c1", "reason"]
+    assert not t.loc["c3", "passes_constraints"] and t.loc["c4", "passes_constraints"]
+    assert "passes held-out bpb 1.3000 <= 1.3500" in t.loc["c4", "reason"]
+    assert any("only 2 checkpoint(s) are eligible" in n for n in res.notes)
+
+
+def test_missing_nll_is_skipped_with_a_note(tmp_path):
+    d = tmp_path / "run"
+    atomic_write_csv(d / "summary.csv", _summary(with_nll=False))
+    atomic_write_json(d / "manifest.json", {"status": "complete", "created_utc": "2000-01-01T00:00:00+00:00"})
+    res = shortlist(d, _plan(tmp_path, PROXIES + "constraints: {heldout_bpb_within: 0.05}\n"))
+    assert any("heldout_bpb_within skipped" in n for n in res.notes)
+    assert res.selected == ["c3", "c4", "c5"]
+    assert any("after the run was scored" in n for n in res.notes)  # plan written after the run
+
+
+def test_candidates_restrict_the_ranking(tmp_path, run):
+    res = shortlist(run, _plan(tmp_path, PROXIES + "k: 1\ncandidates: [c3, c4, 5]\n"))
+    t = res.table.set_index("checkpoint")
+    assert t.loc[["c3", "c4", "c5"], "rank[rel/x:mean_margin]"].tolist() == [1, 2, 3]
+    assert pd.isna(t.loc["c1", "mean_rank"]) and t.loc["c1", "reason"].startswith("not a candidate")
+    assert res.selected == ["c3"]
+
+
+@pytest.mark.parametrize("text, match", [
+    (PROXIES + "proxy: []\n", r"unknown key 'proxy'\. Did you mean \"proxies\""),
+    (PROXIES.replace("metric: mean_margin, direction", "metirc: mean_margin, direction"), r"Did you mean \"metric\""),
+    (PROXIES + "aggregation: borda\n", "aggregation 'borda' is not supported"),
+    (PROXIES + "k: 0\n", "k must be a positive integer"),
+    (PROXIES + "constraints: {heldout_bpb: 0.1}\n", r"Did you mean \"heldout_bpb_within\""),
+    (PROXIES + "constraints: {capability_floor: [{family: cap, metric: accuracy}]}\n", "missing required key `min`"),
+    (PROXIES.replace("direction: higher", "direction: up"), "direction must be 'higher' or 'lower'"),
+    ("proxies:\n  - {family: conf, metric: mean_margin}\n", "only one proxy"),
+    (PROXIES + "  - {family: conf, variant: '*', metric: mean_margin}\n", "listed twice"),
+    (PROXIES + "k: 2\nk: 3\n", "duplicate key"),
+])
+def test_bad_plans_are_rejected(tmp_path, run, text, match):
+    with pytest.raises(ProbeSpecError, match=match):
+        shortlist(run, _plan(tmp_path, text))
+
+
+@pytest.mark.parametrize("text, match", [
+    (PROXIES.replace("family: rel", "family: rell"), r"family 'rell' is not in this run\. Did you mean \"rel\""),
+    (PROXIES.replace("variant: x, metric: candidate", "variant: y, metric: candidate"), "has no variant 'y'"),
+    (PROXIES.replace("metric: candidate_accuracy", "metric: candidate_acc"), r"not a numeric summary.csv column"),
+    (PROXIES.replace("metric: candidate_accuracy", "metric: bits_per_byte"), "no bits_per_byte values for family 'cap'"),
+    (PROXIES + "candidates: [c3, c9]\n", "candidate 'c9' is not a checkpoint of this run"),
+])
+def test_plan_must_match_the_run(tmp_path, run, text, match):
+    with pytest.raises(ProbeSpecError, match=match) as exc:
+        shortlist(run, _plan(tmp_path, text))
+    assert "plan.yaml" in str(exc.value)
+
+
+def test_every_recipe_plan_is_valid():
+    plans = [p for p in sorted((REPO / "recipes").rglob("*.y*ml")) if "proxies:" in p.read_text()]
+    assert plans, "recipes/selection.yaml is missing"
+    for p in plans:
+        plan = load_plan(p)
+        assert len(plan.proxies) >= 2 and plan.k >= 1
+    text = (REPO / "recipes" / "selection.yaml").read_text()
+    assert "probeselect shortlist" in text.splitlines()[1]

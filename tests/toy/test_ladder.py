@@ -1,0 +1,139 @@
+"""The toy checkpoint ladder: a tiny build (seconds) and the full default build (slow)."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from probeselect.toy.ladder import build_toy_ladder
+from probeselect.toy.world import ToyWorld, find_arith_triples
+
+CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
+
+
+def _checkpoints(root: Path) -> list[tuple[int, Path]]:
+    out = [(int(m.group(1)), p) for p in root.iterdir() if (m := CKPT_RE.match(p.name)) and p.is_dir()]
+    return sorted(out)
+
+
+@pytest.fixture(scope="module")
+def ladder_dir(request, tmp_path_factory) -> Path:
+    """The tiny ladder (``steps=24, save_every=3``): reuse the session fixture from
+    tests/conftest.py when it exists, otherwise build it here."""
+    try:
+        return Path(request.getfixturevalue("tiny_ladder"))
+    except pytest.FixtureLookupError:
+        out = tmp_path_factory.mktemp("toy_ladder") / "toy"
+        build_toy_ladder(out, seed=0, steps=24, save_every=3, progress=False)
+        return out
+
+
+def test_tiny_ladder_checkpoints_load(ladder_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    ckpts = _checkpoints(ladder_dir)
+    assert len(ckpts) >= 8
+    assert [s for s, _ in ckpts] == [3, 6, 9, 12, 15, 18, 21, 24]
+    prev_tokens = 0
+    for step, path in ckpts:
+        for name in ("config.json", "model.safetensors", "trainer_state.json", "tokenizer.json", "tokenizer_config.json"):
+            assert (path / name).is_file(), (path, name)
+        state = json.loads((path / "trainer_state.json").read_text())
+        assert state["global_step"] == step
+        assert state["num_input_tokens_seen"] > prev_tokens
+        assert state["log_history"][-1]["step"] == step
+        assert state["log_history"][-1]["num_input_tokens_seen"] == state["num_input_tokens_seen"]
+        prev_tokens = state["num_input_tokens_seen"]
+    # tokens are proportional to steps (fixed-size packed batches)
+    per_step = {json.loads((p / "trainer_state.json").read_text())["num_input_tokens_seen"] / s for s, p in ckpts}
+    assert len(per_step) == 1
+
+    for _, path in (ckpts[0], ckpts[-1]):
+        model = AutoModelForCausalLM.from_pretrained(path)
+        tok = AutoTokenizer.from_pretrained(path)
+        assert isinstance(model, LlamaForCausalLM)
+        assert model.config.max_position_embeddings >= 256
+        ids = tok("12 + 5 = 17\n68 - 60 =", return_tensors="pt")
+        assert ids["input_ids"][0, 0].item() == tok.bos_token_id
+        logits = model(**ids).logits
+        assert logits.shape[-1] >= len(tok)
+    # the weights actually change along the ladder
+    import torch
+
+    first = AutoModelForCausalLM.from_pretrained(ckpts[0][1]).model.embed_tokens.weight
+    last = AutoModelForCausalLM.from_pretrained(ckpts[-1][1]).model.embed_tokens.weight
+    assert not torch.equal(first, last)
+
+
+def test_tiny_ladder_json_and_data(ladder_dir):
+    info = json.loads((ladder_dir / "ladder.json").read_text())
+    ckpts = _checkpoints(ladder_dir)
+    assert info["seed"] == 0 and info["steps"] == 24 and info["save_every"] == 3
+    assert [c["step"] for c in info["checkpoints"]] == [s for s, _ in ckpts]
+    assert info["tokens_seen"] == info["checkpoints"][-1]["tokens_seen"]
+    assert 0.0 <= info["final_heldout_arith_accuracy"] <= 1.0
+    assert info["build_seconds"] > 0
+    assert info["model"]["architecture"] == "LlamaForCausalLM"
+    assert not list(ladder_dir.glob("*.tmp*"))
+
+    data = ladder_dir / "data"
+    for name in ("sft.jsonl", "transfer.jsonl", "heldout.txt", "README.md"):
+        assert (data / name).is_file()
+    world = ToyWorld.generate(0)
+    held = set(world.arith_heldout)
+    sft = [json.loads(ln) for ln in (data / "sft.jsonl").read_text().splitlines()]
+    transfer = [json.loads(ln) for ln in (data / "transfer.jsonl").read_text().splitlines()]
+    assert {r["kind"] for r in sft}.isdisjoint({r["kind"] for r in transfer})
+    for r in sft:
+        assert not find_arith_triples(r["prompt"]) & held
+    heldout = (data / "heldout.txt").read_text().splitlines()
+    corpus_lines = {ln for d in world.corpus() for ln in d.split("\n")}
+    assert heldout and not set(heldout) & corpus_lines
+
+
+def test_build_returns_info_and_is_deterministic(tmp_path):
+    """Two micro builds with the same seed give identical weights; LadderInfo is filled in."""
+    from safetensors.torch import load_file
+
+    kw = dict(seed=3, steps=4, save_every=2, progress=False,
+              model_overrides={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1},
+              train_overrides={"batch_size": 2, "corpus_docs": 300})
+    a = build_toy_ladder(tmp_path / "a", **kw)
+    b = build_toy_ladder(tmp_path / "b", **kw)
+    assert [c.step for c in a.checkpoints] == [2, 4]
+    assert a.checkpoints[-1].tokens_seen == a.tokens_seen
+    assert Path(a.ladder_json).is_file() and Path(a.data_dir).is_dir()
+    wa = load_file(str(tmp_path / "a" / "checkpoint-4" / "model.safetensors"))
+    wb = load_file(str(tmp_path / "b" / "checkpoint-4" / "model.safetensors"))
+    assert wa.keys() == wb.keys()
+    assert all((wa[k] == wb[k]).all() for k in wa)
+    ja, jb = json.loads(Path(a.ladder_json).read_text()), json.loads(Path(b.ladder_json).read_text())
+    assert ja["corpus"]["sha256"] == jb["corpus"]["sha256"]
+    for name in ("sft.jsonl", "transfer.jsonl", "heldout.txt"):
+        assert (tmp_path / "a" / "data" / name).read_bytes() == (tmp_path / "b" / "data" / name).read_bytes()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1])
+def test_full_default_ladder_learns_heldout_arithmetic(tmp_path, seed):
+    """Full default build: >= 8 checkpoints and >= 90% greedy accuracy on held-out arithmetic."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from probeselect.toy.ladder import arith_accuracy
+
+    info = build_toy_ladder(tmp_path / "ladder", seed=seed, progress=False)
+    assert len(info.checkpoints) >= 8
+    assert info.final_heldout_arith_accuracy >= 0.90, info
+    # recompute from the saved final checkpoint
+    last = info.checkpoints[-1].path
+    model = AutoModelForCausalLM.from_pretrained(last)
+    tok = AutoTokenizer.from_pretrained(last)
+    acc = arith_accuracy(model, tok, ToyWorld.generate(seed))
+    assert acc >= 0.90
+    # the early checkpoint is far worse (the ladder has real dynamics)
+    first = info.checkpoints[0].path
+    acc0 = arith_accuracy(AutoModelForCausalLM.from_pretrained(first), AutoTokenizer.from_pretrained(first),
+                          ToyWorld.generate(seed))
+    assert acc0 < acc - 0.3
+    print(f"seed={seed} build_seconds={info.build_seconds:.1f} acc={info.final_heldout_arith_accuracy:.3f}")

@@ -1,0 +1,236 @@
+"""Toy world, corpus, toy data and tokenizer (fast: no model training)."""
+
+import hashlib
+import json
+
+import pytest
+
+from probeselect.toy import world as W
+from probeselect.toy.data import (
+    SFT_KINDS,
+    TRANSFER_KINDS,
+    corpus_lines,
+    make_heldout_lines,
+    make_sft_rows,
+    make_transfer_rows,
+    read_jsonl,
+    write_toy_data,
+)
+from probeselect.toy.world import ARITH_TEMPLATES, ToyWorld, find_arith_triples
+
+N_DOCS = 4000  # a smaller corpus keeps these tests fast; the full corpus is checked once below
+
+
+def _sha(texts) -> str:
+    return hashlib.sha256("\x1e".join(texts).encode()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def world0():
+    return ToyWorld.generate(0)
+
+
+@pytest.fixture(scope="module")
+def corpus0(world0):
+    return world0.corpus()
+
+
+def test_arith_templates_contract():
+    assert ARITH_TEMPLATES == {
+        "eq": "{a} {op} {b} = {c}",
+        "qa": "Q: What is {a} {op} {b}? A: {c}",
+        "words": "{a} {opword} {b} is {c}",
+    }
+    assert W.format_arith(68, "-", 60) == "68 - 60 = 8"
+    assert W.format_arith(12, "+", 5, "qa") == "Q: What is 12 + 5? A: 17"
+    assert W.format_arith(12, "-", 5, "words") == "12 minus 5 is 7"
+    assert W.format_arith_prompt(68, "-", 60) == "68 - 60 ="
+    assert W.format_arith_prompt(7, "+", 8, "words") == "7 plus 8 is"
+
+
+def test_world_deterministic_and_seed_dependent(world0):
+    again = ToyWorld.generate(0)
+    assert again == world0
+    assert _sha(again.corpus(N_DOCS)) == _sha(world0.corpus(N_DOCS))
+    other = ToyWorld.generate(1)
+    assert other != world0
+    assert other.persons != world0.persons
+    assert other.arith_heldout != world0.arith_heldout
+    assert _sha(other.corpus(N_DOCS)) != _sha(world0.corpus(N_DOCS))
+
+
+def test_world_contents(world0):
+    assert len(world0.persons) == W.N_PERSONS == 40
+    assert len({p.name for p in world0.persons}) == 40
+    assert world0.arith_max_operand >= 20
+    n = world0.arith_max_operand + 1
+    n_all = n * n + n * (n + 1) // 2
+    assert len(world0.arith_train) + len(world0.arith_heldout) == n_all
+    assert not set(world0.arith_train) & set(world0.arith_heldout)
+    assert 0.08 <= len(world0.arith_heldout) / n_all <= 0.12
+    for op in ("+", "-"):
+        assert any(t[1] == op for t in world0.arith_heldout)
+    a, op, b = world0.arith_heldout[0]
+    assert world0.is_heldout(a, op, b)
+    assert world0.is_heldout(a, {"+": "plus", "-": "minus"}[op], b)
+    a, op, b = world0.arith_train[0]
+    assert not world0.is_heldout(a, op, b)
+    for a, op, b in world0.arith_train + world0.arith_heldout:
+        assert 0 <= a <= world0.arith_max_operand and 0 <= b <= world0.arith_max_operand
+        assert op == "+" or a >= b
+
+
+def test_sentence_templates(world0):
+    p = world0.persons[0]
+    assert p.fact("city") == f"{p.name} lives in {p.city}."
+    assert p.persona_qa("city") == f"Q: Where do you live? A: I live in {p.city}."
+    assert p.persona_qa("job").startswith("Q: What is your job? A: I am a")
+    assert p.description().startswith(f"{p.name} is a")
+    assert len(W.PERSONA_QUESTIONS) == 5
+    assert W.OPPOSITE_TEMPLATE.format(word="hot", opposite="cold") == "The opposite of hot is cold."
+    assert W.category_sentence("dog", "animal") == "A dog is an animal."
+    assert W.category_sentence("apple", "fruit") == "An apple is a fruit."
+
+
+def test_corpus_shape(world0, corpus0):
+    assert len(corpus0) == W.DEFAULT_CORPUS_DOCS
+    text = "\n".join(corpus0)
+    # every document kind is present
+    assert "The opposite of" in text and " lives in " in text and "Q: Where do you live? A: I live in" in text
+    assert any(W.PERSONA_BLOCK_SEPARATOR in d and d.count("Q: ") >= 4 for d in corpus0)
+    assert " plus " in text and " minus " in text and "Q: What is" in text
+    # arithmetic docs: 4-8 lines, all in one format
+    arith_docs = [d for d in corpus0 if find_arith_triples(d)]
+    assert len(arith_docs) > 0.3 * len(corpus0)
+    for d in arith_docs[:500]:
+        lines = d.split("\n")
+        assert W.ARITH_DOC_LINES[0] <= len(lines) <= W.ARITH_DOC_LINES[1]
+        kinds = {("qa" if ln.startswith("Q:") else "words" if (" plus " in ln or " minus " in ln) else "eq") for ln in lines}
+        assert len(kinds) == 1
+        for ln in lines:
+            (a, op, b), = find_arith_triples(ln)
+            assert ln.endswith(" " + str(W.arith_result(a, op, b)))
+
+
+def test_heldout_triples_never_in_corpus_or_sft(world0, corpus0):
+    seen = set()
+    for d in corpus0:
+        seen |= find_arith_triples(d)
+    held = set(world0.arith_heldout)
+    assert not seen & held
+    # and the training triples are well covered
+    assert len(seen) > 0.95 * len(world0.arith_train)
+    sft = make_sft_rows(world0)
+    transfer = make_transfer_rows(world0)
+    for r in sft + transfer:
+        assert not find_arith_triples(r["prompt"] + r["response"]) & held
+
+
+def test_sft_and_transfer_rows(world0):
+    sft = make_sft_rows(world0)
+    transfer = make_transfer_rows(world0, {r["prompt"] for r in sft})
+    assert 300 <= len(sft) <= 2000
+    assert len(transfer) >= 100
+    for r in sft:
+        assert set(r) == {"id", "kind", "prompt", "response"}
+        assert r["prompt"].startswith("### Question: ") and r["prompt"].endswith("\n### Answer:")
+        assert r["response"].startswith(" ") and not r["response"].startswith("  ")
+    for r in transfer:
+        assert set(r) == {"id", "kind", "prompt", "response", "split"} and r["split"] == "transfer"
+        assert r["response"].startswith(" ")
+    sft_kinds = {r["kind"] for r in sft}
+    transfer_kinds = {r["kind"] for r in transfer}
+    assert sft_kinds == set(SFT_KINDS)
+    assert transfer_kinds == set(TRANSFER_KINDS)
+    assert not sft_kinds & transfer_kinds
+    assert not {r["prompt"] for r in sft} & {r["prompt"] for r in transfer}
+    assert len({r["id"] for r in sft + transfer}) == len(sft) + len(transfer)
+    ex = next(r for r in sft if r["kind"] == "addition")
+    (a, op, b), = find_arith_triples(ex["prompt"])
+    assert ex["prompt"] == f"### Question: What is {a} + {b}?\n### Answer:" and ex["response"] == f" {a + b}"
+
+
+def test_heldout_text_disjoint_from_corpus(world0, corpus0):
+    lines = make_heldout_lines(world0, corpus0)
+    assert len(lines) >= 200
+    assert len(set(lines)) == len(lines)
+    banned = corpus_lines(corpus0)
+    assert not set(lines) & banned
+    assert not any(d in lines for d in corpus0)
+    assert all(ln and "\n" not in ln for ln in lines)
+
+
+def test_write_toy_data_deterministic(tmp_path, world0):
+    docs = world0.corpus(N_DOCS)
+    a = write_toy_data(world0, tmp_path / "a", docs)
+    b = write_toy_data(ToyWorld.generate(0), tmp_path / "b", ToyWorld.generate(0).corpus(N_DOCS))
+    w1 = ToyWorld.generate(1)
+    c = write_toy_data(w1, tmp_path / "c", w1.corpus(N_DOCS))
+    for key in ("sft", "transfer", "heldout"):
+        ha = hashlib.sha256(open(a[key], "rb").read()).hexdigest()
+        hb = hashlib.sha256(open(b[key], "rb").read()).hexdigest()
+        hc = hashlib.sha256(open(c[key], "rb").read()).hexdigest()
+        assert ha == hb
+        assert ha != hc
+    assert (tmp_path / "a" / "README.md").read_text().startswith("# Toy-world data")
+    rows = read_jsonl(a["transfer"])
+    assert all(json.loads(json.dumps(r)) == r for r in rows)
+
+
+# ---------------------------------------------------------------------------
+# tokenizer
+# ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from probeselect.toy.ladder import train_tokenizer
+
+    return train_tokenizer(ToyWorld.generate(0).corpus(N_DOCS))
+
+
+def test_tokenizer_digits_are_single_tokens(tokenizer):
+    for d in "0123456789":
+        assert len(tokenizer.encode(d, add_special_tokens=False)) == 1
+    ids = tokenizer.encode("1234567890", add_special_tokens=False)
+    assert tokenizer.convert_ids_to_tokens(ids) == list("1234567890")
+    toks = tokenizer.convert_ids_to_tokens(tokenizer.encode("17 + 25 = 42", add_special_tokens=False))
+    assert [t for t in toks if t.isdigit()] == ["1", "7", "2", "5", "4", "2"]
+    assert all(len(t) == 1 for t in toks if any(ch.isdigit() for ch in t))
+
+
+def test_tokenizer_special_tokens_and_bos(tokenizer):
+    assert tokenizer.bos_token == "<|bos|>" and tokenizer.eos_token == "<|eos|>" and tokenizer.pad_token == "<|pad|>"
+    ids = tokenizer.encode("1 + 2 = 3")
+    assert ids[0] == tokenizer.bos_token_id
+    assert ids[1:] == tokenizer.encode("1 + 2 = 3", add_special_tokens=False)
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "1 + 2 = 3"
+    assert 500 <= len(tokenizer) <= 2048
+
+
+@pytest.mark.parametrize("ctx,cont", [
+    ("12 + 5 = 17\n68 - 60 =", " 8"),
+    ("30 - 8 = 22\n7 + 8 =", " 15"),
+    ("Q: What is 12 + 5? A:", " 17"),
+    ("Q: Where do you live? A:", " I live in Oslo."),
+    ("7 plus 8 is", " 15"),
+    ("The opposite of hot is", " cold"),
+    ("5, 10, 15, 20,", " 25"),
+    ("### Question: What is 5 + 3?\n### Answer:", " 8"),
+])
+def test_tokenizer_boundaries_do_not_merge(tokenizer, ctx, cont):
+    for special in (False, True):
+        a = tokenizer.encode(ctx, add_special_tokens=special)
+        b = tokenizer.encode(ctx + cont, add_special_tokens=special)
+        assert b[: len(a)] == a
+        assert b[len(a):] == tokenizer.encode(cont, add_special_tokens=False)
+
+
+def test_tokenizer_roundtrip_save_load(tmp_path, tokenizer):
+    from transformers import AutoTokenizer
+
+    tokenizer.save_pretrained(tmp_path)
+    t2 = AutoTokenizer.from_pretrained(tmp_path)
+    s = "Ana is a baker from Oslo. She has a cat.\nQ: What is 12 + 5? A: 17"
+    assert t2.encode(s) == tokenizer.encode(s)
+    assert t2.encode(s)[0] == t2.bos_token_id
+    assert t2.pad_token_id == tokenizer.pad_token_id and t2.eos_token_id == tokenizer.eos_token_id
