@@ -29,7 +29,7 @@ PROBES := probes/arith_pattern.yaml probes/tmpl_repeated.yaml probes/tmpl_mismat
 demo: install
 	$(BIN)/probeselect toy-ladder $(DEMO_DIR)/ladder
 	$(BIN)/probeselect score $(DEMO_DIR)/ladder --probes $(PROBES) \
-		--heldout $(DEMO_DIR)/ladder/data/heldout.txt --out $(DEMO_DIR)/score
+		--heldout $(DEMO_DIR)/ladder/data/heldout.txt --audit-items 20 --out $(DEMO_DIR)/score
 	$(BIN)/probeselect average $(DEMO_DIR)/ladder --window 3 --out $(DEMO_DIR)/ladder-avg3
 	$(BIN)/probeselect score $(DEMO_DIR)/ladder-avg3 --probes $(PROBES) --audit-items 0 \
 		--heldout $(DEMO_DIR)/ladder/data/heldout.txt --out $(DEMO_DIR)/score/averaged

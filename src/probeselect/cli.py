@@ -67,7 +67,8 @@ def _cmd_score(args: argparse.Namespace) -> int:
                         "candidate_accuracy", "bits_per_byte", "gen_consistency") if c in res.summary.columns]
     with __import__("pandas").option_context("display.width", 160, "display.max_rows", 200):
         print(res.summary[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    print(f"results: {out}/ (summary.csv, scores.parquet, items.jsonl, manifest.json)")
+    print(f"results: {out}/ (summary.csv, scores.parquet, items.jsonl, manifest.json); "
+          f"peak RSS {res.manifest.get('peak_rss_mib')} MiB")
     return 0
 
 

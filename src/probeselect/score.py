@@ -260,6 +260,18 @@ def _score_unit(ckpt: Checkpoint, model, items, encoded, *, max_batch_tokens, ma
     return pd.DataFrame(rows)
 
 
+def _peak_rss_mib() -> float | None:
+    """Peak resident memory of this process in MiB (None where unsupported)."""
+    try:
+        import resource
+        import sys as _sys
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return round(rss / (1024 * 1024 if _sys.platform == "darwin" else 1024), 1)
+    except (ImportError, OSError):
+        return None
+
+
 def _sort_summary(summary: pd.DataFrame) -> pd.DataFrame:
     order = {"conflict": 0, "capability": 1, "nll": 2}
     key = summary["kind"].map(order).fillna(3)
@@ -506,6 +518,7 @@ def score_checkpoints(
     manifest["failed"] = [{"checkpoint": n, "error": e} for n, e in failed.items()]
     manifest["status"] = "complete" if not failed else "incomplete"
     manifest["scored_now"] = [c.name for c in ckpts if c.name in set(scored_list)]
+    manifest["peak_rss_mib"] = _peak_rss_mib()
     if run_dir is not None and dist.is_main:
         outputs = ["items.jsonl", "scores.parquet", "summary.csv"]
         atomic_write_parquet(run_dir / "scores.parquet", scores)

@@ -85,7 +85,7 @@ from ..toy.world import (
     ToyWorld,
 )
 from ._arithmetic import TEMPLATES as ARITH_TEMPLATES
-from ._items import ProbeItem, item_rng
+from ._items import build_item, ProbeItem, item_rng
 from ._registry import register_family
 from ._templates import CATEGORIES, OPPOSITE_OF, OPPOSITE_WORDS
 from ._templates import VARIANTS as TEMPLATE_VARIANTS
@@ -104,21 +104,7 @@ PERSONA_PLAIN = "persona_plain"
 
 
 def _make_item(family, variant, seed, i, prompt, task, foil, distractors, metadata) -> ProbeItem:
-    cands = [task, foil]
-    for d in distractors:
-        if d not in cands:
-            cands.append(d)
-    return ProbeItem(
-        item_id=f"{family}/{variant}/{i:04d}",
-        family=family,
-        variant=variant,
-        seed=seed,
-        prompt=prompt,
-        task_answer=task,
-        shortcut_answer=foil,
-        candidates=tuple(cands),
-        metadata={"kind": "capability", **metadata},
-    )
+    return build_item(family, variant, seed, i, prompt, task, foil, distractors, {"kind": "capability", **metadata})
 
 
 def _check_list(source: str, family: str, key: str, value, allowed, min_len: int) -> None:

@@ -51,3 +51,24 @@ def item_rng(*key: object) -> random.Random:
     """
     digest = hashlib.sha256(repr(key).encode()).digest()
     return random.Random(int.from_bytes(digest[:8], "little"))
+
+
+def build_item(family: str, variant: str, seed: int, index: int, prompt: str, task: str, shortcut: str,
+               distractors=(), metadata: dict[str, Any] | None = None) -> ProbeItem:
+    """A :class:`ProbeItem` with the standard id (``family/variant/index``) and candidates
+    ``(task, shortcut, *distractors)``, distractors de-duplicated in order."""
+    cands = [task, shortcut]
+    for d in distractors:
+        if d not in cands:
+            cands.append(d)
+    return ProbeItem(
+        item_id=f"{family}/{variant}/{index:04d}",
+        family=family,
+        variant=variant,
+        seed=seed,
+        prompt=prompt,
+        task_answer=task,
+        shortcut_answer=shortcut,
+        candidates=tuple(cands),
+        metadata=dict(metadata or {}),
+    )

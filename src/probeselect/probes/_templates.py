@@ -77,7 +77,7 @@ from ..toy.world import (
     category_sentence,
     with_article,
 )
-from ._items import ProbeItem, item_rng
+from ._items import build_item, ProbeItem, item_rng
 from ._registry import register_family
 from ._spec import FamilySpec
 
@@ -197,21 +197,7 @@ def _check_n_demos(source: str, family: str, spec: FamilySpec, lo: int, hi: int,
 
 
 def _make_item(family, variant, seed, i, prompt, task, shortcut, distractors, metadata) -> ProbeItem:
-    cands = [task, shortcut]
-    for d in distractors:
-        if d not in cands:
-            cands.append(d)
-    return ProbeItem(
-        item_id=f"{family}/{variant}/{i:04d}",
-        family=family,
-        variant=variant,
-        seed=seed,
-        prompt=prompt,
-        task_answer=task,
-        shortcut_answer=shortcut,
-        candidates=tuple(cands),
-        metadata=metadata,
-    )
+    return build_item(family, variant, seed, i, prompt, task, shortcut, distractors, metadata)
 
 
 # ---------------------------------------------------------------------------

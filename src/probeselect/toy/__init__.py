@@ -2,28 +2,32 @@
 
 Main entry points: :class:`ToyWorld` (``world.py``), :func:`build_toy_ladder` and
 :func:`arith_accuracy` (``ladder.py``), :func:`write_toy_data` (``data.py``).
+
+Names are imported lazily: probe families import ``toy.world`` (plain Python), which
+must not pull in torch.
 """
 
-from .world import ARITH_TEMPLATES, Person, ToyWorld
-from .ladder import (
-    CheckpointInfo,
-    LadderInfo,
-    TrainConfig,
-    arith_accuracy,
-    build_toy_ladder,
-    train_tokenizer,
-)
-from .data import write_toy_data
+from __future__ import annotations
 
-__all__ = [
-    "ARITH_TEMPLATES",
-    "CheckpointInfo",
-    "LadderInfo",
-    "Person",
-    "ToyWorld",
-    "TrainConfig",
-    "arith_accuracy",
-    "build_toy_ladder",
-    "train_tokenizer",
-    "write_toy_data",
-]
+import importlib
+
+_EXPORTS = {
+    "ARITH_TEMPLATES": "world",
+    "Person": "world",
+    "ToyWorld": "world",
+    "CheckpointInfo": "ladder",
+    "LadderInfo": "ladder",
+    "TrainConfig": "ladder",
+    "arith_accuracy": "ladder",
+    "build_toy_ladder": "ladder",
+    "train_tokenizer": "ladder",
+    "write_toy_data": "data",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module 'probeselect.toy' has no attribute {name!r}")

@@ -48,6 +48,9 @@ DEFAULT_ARITH_MAX_OPERAND = 29
 ARITH_HELDOUT_FRACTION = 0.10
 #: Inclusive range of the number of statements in one arithmetic document.
 ARITH_DOC_LINES = (4, 8)
+#: Fraction of corpus arithmetic statements drawn from single-digit operands
+#: (``a, b < 10``); the rest are uniform over the training triples of the operator.
+ARITH_SMALL_FRACTION = 0.0
 #: Sampling weights of the arithmetic formats in the corpus.
 ARITH_FORMAT_WEIGHTS = {"eq": 0.5, "qa": 0.25, "words": 0.25}
 
@@ -413,7 +416,11 @@ class ToyWorld:
             by_op = self._train_by_op_cache()
             lines = []
             for _ in range(n):
-                a, op, b = rng.choice(by_op[rng.choice(ARITH_OPS)])
+                op = rng.choice(ARITH_OPS)
+                if ARITH_SMALL_FRACTION and rng.random() < ARITH_SMALL_FRACTION:
+                    a, op, b = rng.choice(by_op["small" + op])
+                else:
+                    a, op, b = rng.choice(by_op[op])
                 lines.append(format_arith(a, op, b, fmt))
             return "\n".join(lines)
         if kind == "sequence":
@@ -473,6 +480,8 @@ class ToyWorld:
         cache = self.__dict__.get("_by_op")
         if cache is None:
             cache = {op: self.arith_train_by_op(op) for op in ARITH_OPS}
+            for op in ARITH_OPS:
+                cache["small" + op] = [t for t in cache[op] if t[0] < 10 and t[2] < 10]
             object.__setattr__(self, "_by_op", cache)
         return cache
 
