@@ -128,7 +128,8 @@ def test_capability_and_heldout_tracks_in_summary(tiny_ladder, tmp_path):
     heldout = tiny_ladder / "data" / "heldout.txt"
     specs = [spec_from_dict({"family": "arith_pattern", "n_items": 3}),
              spec_from_dict({"family": "arith_plain", "n_items": 3})]
-    res = score_checkpoints(tiny_ladder, specs, seeds=[0], out=tmp_path / "run", heldout=heldout, progress=False)
+    res = score_checkpoints(tiny_ladder, specs, seeds=[0], out=tmp_path / "run", heldout=heldout, audit_items=0,
+                            progress=False)
     summ = res.summary
     assert set(summ["kind"]) == {"conflict", "capability", "nll"}
     nll = summ[summ["kind"] == "nll"].set_index("checkpoint")
