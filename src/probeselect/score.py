@@ -411,6 +411,10 @@ def score_checkpoints(
         for name in ("scores.parquet", "summary.csv", "generations.parquet", "audit.parquet", "audit_summary.csv"):
             (run_dir / name).unlink(missing_ok=True)
         atomic_write_jsonl(run_dir / "items.jsonl", item_dicts)
+        # A SIGKILL between mkstemp and os.replace leaves a hidden ".<name>.<random>.tmp";
+        # the final file is never torn, but the orphan is removed here (no other writer runs).
+        for orphan in (run_dir / "cache").glob("*/.*.tmp"):
+            orphan.unlink(missing_ok=True)
     dist.barrier()
 
     units = _plan_units(ckpts, items, fams, chunk_items, scoring_config, heldout_hash, gen, audit_idx,

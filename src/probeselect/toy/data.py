@@ -3,8 +3,17 @@
 Written by :func:`write_toy_data` under ``<ladder>/data/``:
 
 * ``sft.jsonl`` -- instruction SFT rows ``{"id", "kind", "prompt", "response"}``;
+* ``sft_heldout.jsonl`` -- held-out SFT rows, same format as ``sft.jsonl`` (ids
+  ``sft_heldout-<kind>-NNNN``), of the SFT kinds that have unused questions
+  (:data:`SFT_HELDOUT_KINDS`, arithmetic on training triples that ``sft.jsonl`` does not
+  use); no prompt is identical to an SFT prompt. For held-out SFT loss;
 * ``transfer.jsonl`` -- same row format plus ``"split": "transfer"``, only kinds
   absent from the SFT set (:data:`TRANSFER_KINDS`);
+* ``robustness.jsonl`` -- prefill-attack analogue items
+  ``{"id", "kind", "prompt", "prefill", "answer", "misleading"}``: the response is
+  prefilled with a wrong answer and a fresh answer cue (:data:`ROBUST_PREFILL_TEMPLATE`),
+  and the model is scored on whether its continuation recovers to ``answer``
+  (:func:`probeselect.transfer.recovered`);
 * ``heldout.txt`` -- plain text in the world's style, one item per line, with no
   line identical to any line of the pretraining corpus (for bits-per-byte);
 * ``README.md`` -- a description of these files.
@@ -19,6 +28,7 @@ from pathlib import Path
 from .world import (
     ARITH_TEMPLATES,
     CATEGORY_MEMBERS,
+    CITIES,
     OPPOSITE_PAIRS,
     PERSON_ATTRIBUTES,
     PERSONA_QUESTIONS,
@@ -52,9 +62,38 @@ SFT_QUESTION_TEMPLATES = {
 #: Kinds in ``sft.jsonl``.
 SFT_KINDS = ("addition", "subtraction", "opposite", "person_city", "person_job")
 #: Kinds in ``transfer.jsonl`` (disjoint from :data:`SFT_KINDS`).
-TRANSFER_KINDS = ("category", "person_pet", "person_hobby", "person_colour", "persona", "sequence")
+TRANSFER_KINDS = ("person_pet", "person_hobby", "person_colour", "persona", "sequence")
+#: Kinds generated for the transfer set but dropped from it because they repeat the
+#: queries of the built-in shortlisting probes: ``"What kind of thing is a dog?" -> animal``
+#: is the query of ``relation_plain`` / ``tmpl_flipped`` / ``tmpl_repeated`` items (``qa``
+#: variant), so it is not held out from shortlisting
+#: (:func:`probeselect.transfer.check_disjoint_from_probes` flags it).
+TRANSFER_DROPPED_KINDS = ("category",)
 #: Rows per arithmetic kind in the SFT set (sampled from the training triples).
 SFT_ARITH_ROWS = {"addition": 400, "subtraction": 300}
+#: Rows per kind of ``sft_heldout.jsonl``: arithmetic on training triples not used by
+#: ``sft.jsonl`` (the other SFT kinds use every person / opposite pair in ``sft.jsonl``,
+#: so they have no unused question in the same template).
+SFT_HELDOUT_ROWS = {"addition": 100, "subtraction": 75}
+#: Kinds in ``sft_heldout.jsonl`` (a subset of :data:`SFT_KINDS`).
+SFT_HELDOUT_KINDS = tuple(SFT_HELDOUT_ROWS)
+#: The prefilled start of a robustness item's response: a misleading (wrong) answer,
+#: then a new line with the answer cue of the SFT format, so that the model gets a
+#: second chance to answer in the format it was trained on. Recovery means answering
+#: correctly instead of repeating the misleading answer that is in its context.
+ROBUST_PREFILL_TEMPLATE = " {misleading}\n### Answer:"
+#: Items per kind of ``robustness.jsonl`` (SFT kinds: the model is trained to answer
+#: these questions, the prefill is what is new). Arithmetic uses training triples that
+#: neither ``sft.jsonl`` nor ``sft_heldout.jsonl`` uses, with an operand above
+#: :data:`ROBUST_MIN_LARGE_OPERAND` - 1. ``opposite`` and ``person_job`` are left out: their
+#: questions are queries of the built-in shortlisting probes (``relation_plain``,
+#: ``tmpl_flipped``, ``tmpl_mismatch``), and the suite must not repeat those.
+ROBUST_ROWS = {"addition": 40, "subtraction": 20, "person_city": 40}
+#: Robustness arithmetic has at least one operand >= this: the built-in arithmetic probes
+#: draw operands from 0..20, so these questions are never probe queries.
+ROBUST_MIN_LARGE_OPERAND = 21
+#: Kinds in ``robustness.jsonl``.
+ROBUST_KINDS = tuple(ROBUST_ROWS)
 
 
 def sft_prompt(question: str) -> str:
@@ -92,6 +131,66 @@ def make_sft_rows(world: ToyWorld) -> list[dict]:
     return rows
 
 
+def _arith_question(kind: str, a: int, b: int) -> str:
+    return SFT_QUESTION_TEMPLATES[kind].format(a=a, b=b)
+
+
+def _unused_arith_triples(world: ToyWorld, kind: str, used_prompts: set[str]) -> list[tuple[int, int, int]]:
+    """``(a, b, c)`` training triples of ``kind`` whose question prompt is not in ``used_prompts``."""
+    op = "+" if kind == "addition" else "-"
+    out = []
+    for a, _, b in world.arith_train_by_op(op):
+        if sft_prompt(_arith_question(kind, a, b)) not in used_prompts:
+            out.append((a, b, a + b if op == "+" else a - b))
+    return out
+
+
+def make_sft_heldout_rows(world: ToyWorld, sft_prompts: set[str]) -> list[dict]:
+    """Held-out SFT rows (same format as :func:`make_sft_rows`) for held-out SFT loss.
+
+    Arithmetic kinds only (:data:`SFT_HELDOUT_ROWS`), on training triples whose prompt is
+    not in ``sft_prompts`` (never a held-out pretraining triple either).
+    """
+    rng = rng_for(world.seed, "sft-heldout")
+    rows: list[dict] = []
+    for kind, n in SFT_HELDOUT_ROWS.items():
+        pool = _unused_arith_triples(world, kind, sft_prompts)
+        for i, (a, b, c) in enumerate(rng.sample(pool, min(n, len(pool)))):
+            rows.append(_row("sft_heldout", kind, i, _arith_question(kind, a, b), str(c)))
+    rng.shuffle(rows)
+    return rows
+
+
+def _robust_item(kind: str, i: int, question: str, answer: str, misleading: str) -> dict:
+    return {"id": f"robust-{kind}-{i:04d}", "kind": kind, "prompt": sft_prompt(question),
+            "prefill": ROBUST_PREFILL_TEMPLATE.format(misleading=misleading), "answer": answer,
+            "misleading": misleading}
+
+
+def make_robustness_rows(world: ToyWorld, used_prompts: set[str]) -> list[dict]:
+    """Prefill-attack analogue items (see :data:`ROBUST_PREFILL_TEMPLATE`, :data:`ROBUST_ROWS`).
+
+    ``answer`` is the correct answer and ``misleading`` a wrong answer of the same type
+    (both without a leading space): arithmetic is off by 1 or 2 (never negative), a city is
+    another city. Arithmetic questions avoid ``used_prompts`` (the SFT and held-out SFT
+    prompts); person questions are SFT questions (every one is in ``sft.jsonl``).
+    """
+    rng = rng_for(world.seed, "robustness")
+    rows: list[dict] = []
+    for kind in ("addition", "subtraction"):
+        pool = [t for t in _unused_arith_triples(world, kind, used_prompts) if max(t[:2]) >= ROBUST_MIN_LARGE_OPERAND]
+        for i, (a, b, c) in enumerate(rng.sample(pool, min(ROBUST_ROWS[kind], len(pool)))):
+            wrong = c + rng.choice([d for d in (-2, -1, 1, 2) if c + d >= 0])
+            rows.append(_robust_item(kind, i, _arith_question(kind, a, b), str(c), str(wrong)))
+    people = rng.sample(list(world.persons), min(ROBUST_ROWS["person_city"], len(world.persons)))
+    for i, p in enumerate(people):
+        wrong = rng.choice([v for v in CITIES if v != p.city])
+        rows.append(_robust_item("person_city", i, SFT_QUESTION_TEMPLATES["person_city"].format(**p.fields()),
+                                 p.city, wrong))
+    rng.shuffle(rows)
+    return rows
+
+
 def _sequence_next(kind: str, values: list[int]) -> int:
     if kind in ("alternating",):
         return values[-2]
@@ -99,7 +198,8 @@ def _sequence_next(kind: str, values: list[int]) -> int:
 
 
 def make_transfer_rows(world: ToyWorld, sft_prompts: set[str] | None = None) -> list[dict]:
-    """The transfer set: kinds absent from SFT; no prompt equal to an SFT prompt."""
+    """The transfer set: kinds absent from SFT (:data:`TRANSFER_KINDS`); no prompt equal to
+    an SFT prompt; no :data:`TRANSFER_DROPPED_KINDS` row."""
     rng = rng_for(world.seed, "transfer")
     rows: list[dict] = []
     i = 0
@@ -136,7 +236,8 @@ def make_transfer_rows(world: ToyWorld, sft_prompts: set[str] | None = None) -> 
     if sft_prompts:
         rows = [r for r in rows if r["prompt"] not in sft_prompts]
     rng.shuffle(rows)
-    return rows
+    # dropped after the shuffle so that the kept rows keep their ids and order
+    return [r for r in rows if r["kind"] not in TRANSFER_DROPPED_KINDS]
 
 
 def corpus_lines(docs: list[str]) -> set[str]:
@@ -202,11 +303,33 @@ leading space (e.g. `" 8"`, `" Oslo"`); the SFT trainer appends EOS.
 Kinds: {sft_kinds}. Arithmetic rows use only training triples (never a held-out triple).
 Rows: {n_sft}.
 
+## sft_heldout.jsonl
+Held-out SFT rows for held-out SFT loss, same format as `sft.jsonl` (ids `sft_heldout-<kind>-NNNN`).
+Kinds: {heldout_kinds} only: arithmetic questions on training triples that `sft.jsonl` does not use
+(never a held-out pretraining triple). The other SFT kinds use every person and every opposite pair
+in `sft.jsonl`, so they have no unused question in the same template. No prompt is identical to an
+SFT prompt. Rows: {n_sft_heldout}.
+
 ## transfer.jsonl
 Same row format plus `"split": "transfer"`. Only kinds absent from `sft.jsonl`: {transfer_kinds}.
-No prompt is identical to an SFT prompt. `persona` prompts contain a persona description followed
+No prompt is identical to an SFT prompt. The `category` kind ("What kind of thing is a dog?") is
+left out: its questions are queries of the built-in shortlisting probes, and the transfer suite
+must not repeat those (`probeselect.transfer.check_disjoint_from_probes`). `persona` prompts contain a persona description followed
 by a first-person question; the answer is first-person (e.g. `" I live in Oslo."`).
 Rows: {n_transfer}.
+
+## robustness.jsonl
+Prefill-attack analogue. One JSON object per line:
+`{{"id": str, "kind": str, "prompt": str, "prefill": str, "answer": str, "misleading": str}}`.
+`prompt` is an SFT-format question; the model's response is prefilled with `prefill` =
+`" <misleading>\\n### Answer:"` -- a wrong answer followed by a fresh answer cue -- and the model
+continues greedily. `answer` is the correct answer and `misleading` the wrong one (no leading
+space): arithmetic is off by 1 or 2, a city is another city. The item counts as recovered when the
+continuation (up to EOS or newline) contains `answer` and does not contain `misleading` as whole
+words (`probeselect.transfer.recovered`). Kinds: {robust_kinds}; arithmetic questions use training
+triples that neither `sft.jsonl` nor `sft_heldout.jsonl` uses, with an operand of at least 21 (the
+built-in arithmetic probes use 0..20); `person_city` questions are SFT questions. Opposite and job
+questions are left out because they are queries of the built-in shortlisting probes. Rows: {n_robust}.
 
 ## heldout.txt
 Plain UTF-8 text, one item per line ({n_heldout} lines), in the style of the pretraining corpus,
@@ -219,20 +342,28 @@ against the corpus.
 
 
 def write_toy_data(world: ToyWorld, data_dir, corpus_docs: list[str]) -> dict[str, str]:
-    """Write sft.jsonl, transfer.jsonl, heldout.txt and README.md; return name -> path."""
+    """Write sft.jsonl, sft_heldout.jsonl, transfer.jsonl, robustness.jsonl, heldout.txt and
+    README.md; return name -> path (keys sft, sft_heldout, transfer, robustness, heldout, readme)."""
     d = Path(data_dir)
     d.mkdir(parents=True, exist_ok=True)
     sft = make_sft_rows(world)
-    transfer = make_transfer_rows(world, {r["prompt"] for r in sft})
+    sft_prompts = {r["prompt"] for r in sft}
+    transfer = make_transfer_rows(world, sft_prompts)
+    sft_heldout = make_sft_heldout_rows(world, sft_prompts)
+    robust = make_robustness_rows(world, sft_prompts | {r["prompt"] for r in sft_heldout})
     heldout = make_heldout_lines(world, corpus_docs)
-    paths = {"sft": d / "sft.jsonl", "transfer": d / "transfer.jsonl", "heldout": d / "heldout.txt",
-             "readme": d / "README.md"}
+    paths = {"sft": d / "sft.jsonl", "sft_heldout": d / "sft_heldout.jsonl", "transfer": d / "transfer.jsonl",
+             "robustness": d / "robustness.jsonl", "heldout": d / "heldout.txt", "readme": d / "README.md"}
     _write_text(paths["sft"], "".join(json.dumps(r) + "\n" for r in sft))
+    _write_text(paths["sft_heldout"], "".join(json.dumps(r) + "\n" for r in sft_heldout))
     _write_text(paths["transfer"], "".join(json.dumps(r) + "\n" for r in transfer))
+    _write_text(paths["robustness"], "".join(json.dumps(r) + "\n" for r in robust))
     _write_text(paths["heldout"], "".join(ln + "\n" for ln in heldout))
     _write_text(paths["readme"], README_TEXT.format(
         seed=world.seed, sft_kinds=", ".join(SFT_KINDS), transfer_kinds=", ".join(TRANSFER_KINDS),
-        n_sft=len(sft), n_transfer=len(transfer), n_heldout=len(heldout)))
+        heldout_kinds=", ".join(SFT_HELDOUT_KINDS), robust_kinds=", ".join(ROBUST_KINDS),
+        n_sft=len(sft), n_sft_heldout=len(sft_heldout), n_transfer=len(transfer), n_robust=len(robust),
+        n_heldout=len(heldout)))
     return {k: str(v) for k, v in paths.items()}
 
 

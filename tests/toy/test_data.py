@@ -1,0 +1,99 @@
+"""Toy post-training data: held-out SFT rows and prefill-attack (robustness) items."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from probeselect.toy.data import (
+    ROBUST_KINDS,
+    ROBUST_MIN_LARGE_OPERAND,
+    ROBUST_ROWS,
+    SFT_HELDOUT_KINDS,
+    SFT_HELDOUT_ROWS,
+    SFT_KINDS,
+    TRANSFER_DROPPED_KINDS,
+    TRANSFER_KINDS,
+    make_robustness_rows,
+    make_sft_heldout_rows,
+    make_sft_rows,
+    make_transfer_rows,
+    read_jsonl,
+    write_toy_data,
+)
+from probeselect.toy.world import CITIES, ToyWorld, find_arith_triples
+
+
+@pytest.fixture(scope="module", params=[0, 1])
+def rows(request):
+    world = ToyWorld.generate(request.param)
+    sft = make_sft_rows(world)
+    sft_prompts = {r["prompt"] for r in sft}
+    held = make_sft_heldout_rows(world, sft_prompts)
+    robust = make_robustness_rows(world, sft_prompts | {r["prompt"] for r in held})
+    return world, sft, held, robust
+
+
+def test_sft_heldout_rows(rows):
+    world, sft, held, _ = rows
+    assert len(held) == sum(SFT_HELDOUT_ROWS.values())
+    assert {r["kind"] for r in held} == set(SFT_HELDOUT_KINDS) <= set(SFT_KINDS)
+    assert not {r["prompt"] for r in sft} & {r["prompt"] for r in held}
+    assert len({r["prompt"] for r in held}) == len(held) and len({r["id"] for r in held}) == len(held)
+    pretrain_heldout = set(world.arith_heldout)
+    for r in held:
+        assert set(r) == {"id", "kind", "prompt", "response"} and r["id"].startswith(f"sft_heldout-{r['kind']}-")
+        assert r["prompt"].startswith("### Question: What is ") and r["prompt"].endswith("?\n### Answer:")
+        (a, op, b), = find_arith_triples(r["prompt"].replace("What is ", "").replace("?", " ="))
+        assert (a, op, b) not in pretrain_heldout
+        assert r["response"] == f" {a + b if op == '+' else a - b}"
+
+
+def test_robustness_rows(rows):
+    world, sft, held, robust = rows
+    assert {r["kind"]: sum(x["kind"] == r["kind"] for x in robust) for r in robust} == ROBUST_ROWS
+    assert set(ROBUST_KINDS) == set(ROBUST_ROWS)
+    assert len({r["id"] for r in robust}) == len(robust)
+    used = {r["prompt"] for r in sft + held}
+    cities = {p.name: p.city for p in world.persons}
+    for r in robust:
+        assert set(r) == {"id", "kind", "prompt", "prefill", "answer", "misleading"}
+        assert r["prefill"] == f" {r['misleading']}\n### Answer:"
+        assert r["answer"] != r["misleading"] and not r["answer"].startswith(" ")
+        if r["kind"] == "person_city":
+            name = r["prompt"].split("Where does ")[1].split(" live?")[0]
+            assert r["answer"] == cities[name] and r["misleading"] in CITIES
+        else:
+            assert r["prompt"] not in used
+            (a, op, b), = find_arith_triples(r["prompt"].replace("What is ", "").replace("?", " ="))
+            c = a + b if op == "+" else a - b
+            assert r["answer"] == str(c) and 1 <= abs(int(r["misleading"]) - c) <= 2 and int(r["misleading"]) >= 0
+            assert max(a, b) >= ROBUST_MIN_LARGE_OPERAND
+
+
+def test_transfer_drops_probe_overlapping_kinds():
+    world = ToyWorld.generate(0)
+    sft = make_sft_rows(world)
+    transfer = make_transfer_rows(world, {r["prompt"] for r in sft})
+    assert {r["kind"] for r in transfer} == set(TRANSFER_KINDS)
+    assert not set(TRANSFER_DROPPED_KINDS) & set(TRANSFER_KINDS)
+
+
+def test_write_toy_data_files_readme_and_determinism(tmp_path):
+    world = ToyWorld.generate(2)
+    docs = world.corpus(200)
+    a = write_toy_data(world, tmp_path / "a", docs)
+    b = write_toy_data(world, tmp_path / "b", docs)
+    assert set(a) == {"sft", "sft_heldout", "transfer", "robustness", "heldout", "readme"}
+    for k in a:
+        assert open(a[k], "rb").read() == open(b[k], "rb").read(), k
+    readme = open(a["readme"]).read()
+    for name in ("sft.jsonl", "sft_heldout.jsonl", "transfer.jsonl", "robustness.jsonl", "heldout.txt"):
+        assert f"## {name}" in readme
+    assert "Rows: 175." in readme and "Rows: 100." in readme
+    robust = read_jsonl(a["robustness"])
+    assert json.loads(json.dumps(robust[0])) == robust[0]
+    # other seeds give other items
+    c = write_toy_data(ToyWorld.generate(3), tmp_path / "c", ToyWorld.generate(3).corpus(200))
+    assert open(a["sft_heldout"], "rb").read() != open(c["sft_heldout"], "rb").read()
