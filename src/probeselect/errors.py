@@ -32,3 +32,35 @@ def did_you_mean(name: str, choices) -> str:
 
     close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)
     return f' Did you mean "{close[0]}"?' if close else ""
+
+
+class SelectionError(ProbeselectError):
+    """Selection inputs (plan lock, pilot/transfer tables, shortlist) are missing or inconsistent."""
+
+
+class PostHocError(SelectionError):
+    """The selection would be post-hoc (plan changed after its lock, or results predate the lock)."""
+
+
+class RecipeError(ProbeselectError):
+    """An SFT recipe (YAML or key=value override) is invalid."""
+
+
+class SFTDataError(ProbeselectError):
+    """SFT training data cannot be loaded or encoded (missing file, zero supervised tokens, lost EOS)."""
+
+
+class ManifestMismatchError(ProbeselectError):
+    """Two runs that should be matched were trained on different data manifests."""
+
+
+class NonfiniteGradientError(ProbeselectError):
+    """A training step produced a nonfinite loss or gradient (fail-fast mode)."""
+
+
+class ResumeError(ProbeselectError):
+    """A saved training state does not belong to this run (different recipe, manifest or base)."""
+
+
+class TransferError(ProbeselectError):
+    """The held-out transfer suite (recipe ``transfer`` section or its data files) is invalid."""

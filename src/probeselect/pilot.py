@@ -1,0 +1,377 @@
+"""``run_pilot``: matched pilot SFT of every shortlisted base under every seed.
+
+Every base trained under one seed sees exactly the same examples in the same order (the
+seed's data manifest, built once before any training and written to
+``OUT/data_manifest-seed<S>.json``), so bases differ only in their weights. After training
+each (base, seed) is evaluated on the recipe's held-out transfer suite
+(:func:`probeselect.transfer.evaluate_transfer`).
+
+Output layout (``OUT``)::
+
+    manifest.json                       versions, git, resolved recipe + sha256, bases, seeds, manifest hashes
+    data_manifest-seed<S>.json          example ids and supervised tokens per optimizer step
+    <base>/seed<S>/train_log.jsonl      one row per optimizer step (see probeselect.sft.loop)
+    <base>/seed<S>/lineage.json         training segments; a resume names its parent state
+    <base>/seed<S>/state/               full-state checkpoints
+    <base>/seed<S>/adapter/             peft adapter (model/ for full fine-tuning; merged/ on request)
+    <base>/seed<S>/transfer_items.parquet
+    <base>/seed<S>/done.json            run summary and hashes; its presence marks the pair finished
+    transfer.csv                        base, seed, metric, value, n
+    transfer_items.parquet              base, seed, metric, item_id, kind, value, weight
+    diagnostics.csv                     one row per base x seed (pre-clip norm quantiles, clip fraction, ...)
+
+Leakage guard, before any training or output: the transfer suite must not repeat a
+shortlisting probe item (``transfer.probe_items``; when it is not declared and ``bases`` is
+a shortlist.csv or score run folder, that score run's ``items.jsonl``) and its tasks must
+be of kinds absent from the SFT data (:func:`probeselect.transfer.check_disjoint_from_sft`).
+
+Resumable: a pair whose ``done.json`` carries this recipe's training hash
+(``Recipe.train_sha256``), the manifest's and the base's hashes and the transfer suite's
+hash is not redone. If only the transfer suite or eval settings changed, the trained model
+is reloaded from its final state and re-evaluated (adapter kept, transfer outputs
+rewritten); an unfinished pair resumes from its last full state.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from ._io import atomic_write_csv, atomic_write_json, atomic_write_parquet, canonical_json_hash, sha256_file
+from .checkpoints import Checkpoint, discover_checkpoints
+from .errors import CheckpointError, ManifestMismatchError, SelectionError, TokenizerMismatchError
+from .manifest import base_manifest
+from .sft.data import data_hash, encode_rows, load_rows, prompt_formatter
+from .sft.loop import train
+from .sft.manifest import build_data_manifest, compare_manifests, manifest_hash, require_same_manifest
+from .sft.recipe import Recipe, load_recipe
+
+__all__ = ["PilotResult", "run_pilot", "resolve_bases", "default_probe_items", "transfer_hash",
+           "DIAGNOSTIC_COLUMNS"]
+
+DIAGNOSTIC_COLUMNS = ["base", "seed", "steps", "sup_tokens", "clip_fraction", "grad_norm_p50", "grad_norm_p90",
+                      "grad_norm_max", "nonfinite", "skipped", "spikes", "resumes", "seconds", "tokens_per_s",
+                      "final_loss"]
+
+
+@dataclass
+class PilotResult:
+    """Tables of a pilot: ``transfer`` (base, seed, metric, value, n), ``transfer_items``
+    (base, seed, metric, item_id, kind, value, weight), ``diagnostics`` (one row per base x seed)."""
+
+    transfer: pd.DataFrame
+    transfer_items: pd.DataFrame
+    diagnostics: pd.DataFrame
+    out_dir: Path
+    manifest: dict[str, Any]
+    trained: list[tuple[str, int]] = field(default_factory=list)  # pairs trained (or resumed) in this call
+    reused: list[tuple[str, int]] = field(default_factory=list)  # pairs already finished
+    reevaluated: list[tuple[str, int]] = field(default_factory=list)  # trained earlier, transfer re-evaluated now
+
+
+def _selected_names(csv: Path) -> list[str]:
+    df = pd.read_csv(csv)
+    for col in ("checkpoint", "selected"):
+        if col not in df.columns:
+            raise SelectionError(f"{csv}: no {col!r} column; pass a shortlist.csv written by `probeselect shortlist`.")
+    sel = df[df["selected"].astype(str).str.lower().isin(["true", "1"])]
+    if "shortlist_position" in sel.columns:
+        sel = sel.sort_values("shortlist_position", kind="stable")
+    if sel.empty:
+        raise SelectionError(f"{csv}: the shortlist selects no checkpoint (no row with selected == True). Revisit "
+                             "the plan's constraints, or pass checkpoint folders to --bases.")
+    return [str(c) for c in sel["checkpoint"]]
+
+
+def _paths_from_shortlist(csv: Path, ladder: str | Path | None) -> list[Path]:
+    names = _selected_names(csv)
+    if ladder is not None:
+        return [Path(ladder) / n for n in names]
+    man = csv.parent / "manifest.json"
+    if not man.is_file():
+        raise SelectionError(f"{csv}: cannot locate the checkpoint folders (no score manifest.json next to it); "
+                             "pass --ladder DIR (the folder holding the checkpoints).")
+    by_name = {c["name"]: c["path"] for c in json.loads(man.read_text(encoding="utf-8")).get("checkpoints", [])}
+    missing = [n for n in names if n not in by_name]
+    if missing:
+        raise SelectionError(f"{csv}: checkpoints {missing} are not in {man}; pass --ladder DIR.")
+    return [Path(by_name[n]) for n in names]
+
+
+def resolve_bases(bases: str | Path | Sequence[str | Path], *, ladder: str | Path | None = None) -> list[Checkpoint]:
+    """Checkpoints to train: explicit model folders, a ``shortlist.csv`` (selected rows; folders found
+    under ``ladder`` or via the score manifest beside it) or a score run folder holding one."""
+    items = [bases] if isinstance(bases, (str, Path)) else list(bases)
+    if not items:
+        raise SelectionError("no bases given; pass checkpoint folders, a shortlist.csv or a score run folder.")
+    paths: list[Path] = []
+    for item in items:
+        p = Path(item)
+        if p.is_file() and p.suffix == ".csv":
+            paths += _paths_from_shortlist(p, ladder)
+        elif p.is_dir() and (p / "shortlist.csv").is_file() and not (p / "config.json").is_file():
+            paths += _paths_from_shortlist(p / "shortlist.csv", ladder)
+        elif p.is_dir() and not (p / "config.json").is_file():
+            raise CheckpointError(f"{p}: not a model folder and holds no shortlist.csv. Pass checkpoint folders "
+                                  "(e.g. LADDER/checkpoint-200), a shortlist.csv or a score run folder.")
+        else:
+            paths.append(p)
+    ckpts = []
+    for p in paths:
+        found = discover_checkpoints(p)
+        ckpts.append(found[0])
+    names = [c.name for c in ckpts]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise SelectionError(f"bases {dupes} are given more than once (output folders are named by checkpoint folder).")
+    ref = ckpts[0]
+    for c in ckpts[1:]:
+        if c.tokenizer_hash != ref.tokenizer_hash:
+            raise TokenizerMismatchError(f"bases {ref.path} and {c.path} have different tokenizers; a matched pilot "
+                                         "needs one tokenizer so that every base sees the same tokens.")
+    return ckpts
+
+
+def _read_done(done_path: Path) -> dict[str, Any] | None:
+    if not done_path.is_file():
+        return None
+    try:
+        return json.loads(done_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        return None
+
+
+def default_probe_items(bases) -> list[Path]:
+    """``items.jsonl`` of the score run behind ``bases`` (a shortlist.csv or a score run folder), if any."""
+    items = [bases] if isinstance(bases, (str, Path)) else list(bases)
+    out: list[Path] = []
+    for item in items:
+        p = Path(item)
+        run = p.parent if (p.is_file() and p.suffix == ".csv") else (
+            p if (p.is_dir() and (p / "shortlist.csv").is_file() and not (p / "config.json").is_file()) else None)
+        if run is not None and (run / "items.jsonl").is_file() and run / "items.jsonl" not in out:
+            out.append(run / "items.jsonl")
+    return out
+
+
+def _preflight(recipe: Recipe, bases, sft_rows: list[dict]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Validate the transfer suite and run the leakage guards; nothing is written. Returns the
+    leakage record for manifest.json and the validated transfer config (None: no suite)."""
+    from .transfer import (check_disjoint_from_probes, check_disjoint_from_sft, load_transfer_items,
+                           validate_transfer_config)
+
+    record: dict[str, Any] = {"probe_items": [], "probe_items_source": None, "sft_kinds_checked": False}
+    if not recipe.transfer:
+        return record, None
+    cfg = validate_transfer_config(recipe.transfer, source=recipe.source)
+    items = load_transfer_items(cfg, source=recipe.source)
+    probes = [Path(p) for p in cfg["probe_items"]]
+    source = "recipe" if probes else None
+    if not probes:
+        probes = default_probe_items(bases)
+        source = "shortlist score run" if probes else None
+    if probes:
+        check_disjoint_from_probes(items, probes)
+    check_disjoint_from_sft(items, sft_rows, sft_source=str(recipe.train_path))
+    record.update(probe_items=[str(p) for p in probes], probe_items_source=source,
+                  sft_kinds_checked=bool(items.tasks))
+    return record, cfg
+
+
+def transfer_hash(cfg: dict[str, Any] | None) -> str | None:
+    """Hash of what the transfer evaluation depends on: the validated suite settings (without
+    probe_items, which only guard) and the bytes of the suite files."""
+    if cfg is None:
+        return None
+    files = {k: sha256_file(Path(cfg[k])) for k in ("tasks", "robustness", "heldout") if cfg.get(k)}
+    return canonical_json_hash({**{k: v for k, v in cfg.items() if k != "probe_items"}, "files": files})
+
+
+def _saved_outputs(run_dir: Path, *, method: str, merged: bool) -> dict[str, str] | None:
+    """The saved model folders of a finished pair, or None if one is missing."""
+    names = (["adapter"] + (["merged"] if merged else [])) if method == "lora" else ["model"]
+    if all((run_dir / n).is_dir() for n in names):
+        return {n: str(run_dir / n) for n in names}
+    return None
+
+
+def _save_model(model, tokenizer, run_dir: Path, *, method: str, merged: bool) -> dict[str, str]:
+    """Save the adapter (or full model); with ``merged`` also a merged copy. Folders are written beside and renamed."""
+    out = {}
+
+    def put(name: str, save) -> None:
+        tmp, final = run_dir / f".tmp-{name}", run_dir / name
+        shutil.rmtree(tmp, ignore_errors=True)
+        save(tmp)
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        out[name] = str(final)
+
+    if method == "lora":
+        put("adapter", lambda d: model.save_pretrained(str(d)))
+        if merged:
+            def save_merged(d):
+                m = model.merge_and_unload()
+                m.save_pretrained(str(d))
+                tokenizer.save_pretrained(str(d))
+            put("merged", save_merged)
+    else:
+        put("model", lambda d: (model.save_pretrained(str(d)), tokenizer.save_pretrained(str(d))))
+    return out
+
+
+def run_pilot(bases, recipe: Recipe | str | Path, out_dir: str | Path, *, progress: bool = True, merged: bool = False,
+              device: str = "auto", ladder: str | Path | None = None, overrides: Sequence[str] = (),
+              on_step: Callable[[str, int, int, dict], None] | None = None) -> PilotResult:
+    """Train every base under every seed of ``recipe`` on matched data, evaluate transfer, write ``out_dir``.
+
+    ``bases``: checkpoint folders, a shortlist.csv or a score run folder (see :func:`resolve_bases`).
+    ``on_step(base_name, seed, step, row)`` is called after every optimizer step.
+    """
+    from .score import load_tokenizer
+    from .transfer import evaluate_transfer, summarize_transfer
+
+    if not isinstance(recipe, Recipe):
+        recipe = load_recipe(recipe, overrides)
+    out = Path(out_dir)
+    ckpts = resolve_bases(bases, ladder=ladder)
+    rows = load_rows(recipe.train_path)
+    # Pre-flight, before anything is trained or written: a bad suite or a leaking one fails here.
+    leakage, transfer_cfg = _preflight(recipe, bases, rows)
+    t_hash = transfer_hash(transfer_cfg)
+    tokenizer = load_tokenizer(ckpts[0].path)
+    tok_hash = ckpts[0].tokenizer_hash
+
+    examples = encode_rows(rows, tokenizer, max_length=recipe.max_length, loss_on=recipe.loss_on,
+                           chat_template=recipe.chat_template, source=str(recipe.train_path))
+    by_id = {e.id: e for e in examples}
+    heldout = None
+    if recipe.eval_every:
+        held_path = Path(recipe.transfer["heldout"])
+        heldout = encode_rows(load_rows(held_path)[: recipe.eval_max_items], tokenizer, max_length=recipe.max_length,
+                              loss_on=recipe.loss_on, chat_template=recipe.chat_template, source=str(held_path))
+    d_hash = data_hash(recipe.train_path)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    import os
+    is_main = int(os.environ.get("RANK", "0")) == 0
+    manifests: dict[int, dict] = {}
+    for seed in recipe.seeds:
+        m = build_data_manifest(examples, recipe, seed=seed, tokenizer_hash=tok_hash, data_sha256=d_hash)
+        path = out / f"data_manifest-seed{seed}.json"
+        if path.is_file():
+            diff = compare_manifests(json.loads(path.read_text(encoding="utf-8")), m)
+            if diff is not None:
+                raise ManifestMismatchError(f"{path}: this pilot folder was written with a different data manifest "
+                                            f"({diff}). Use a new --out, or delete {out} to start over.")
+        elif is_main:
+            atomic_write_json(path, m)
+        manifests[seed] = m
+    m_hashes = {s: manifest_hash(m) for s, m in manifests.items()}
+
+    manifest = base_manifest("pilot", {"bases": [str(b) for b in ([bases] if isinstance(bases, (str, Path)) else bases)],
+                                       "out": str(out), "merged": merged, "device": device})
+    manifest.update(status="running", recipe=recipe.raw, recipe_sha256=recipe.sha256,
+                    train_sha256=recipe.train_sha256, transfer_sha256=t_hash, leakage_check=leakage,
+                    recipe_source=recipe.source,
+                    bases=[c.to_dict() for c in ckpts], seeds=list(recipe.seeds),
+                    data={"path": str(recipe.train_path), "sha256": d_hash, "n_examples": len(examples)},
+                    tokenizer_hash=tok_hash,
+                    data_manifests={str(s): {"file": f"data_manifest-seed{s}.json", "sha256": h,
+                                             "n_steps": manifests[s]["n_steps"],
+                                             "sup_tokens": manifests[s]["total_sup_tokens"]}
+                                    for s, h in m_hashes.items()})
+    if is_main:
+        atomic_write_json(out / "manifest.json", manifest)
+
+    fmt = prompt_formatter(tokenizer, recipe.chat_template)
+    pairs = [(c, s) for c in ckpts for s in recipe.seeds]
+    trained, reused, reevaluated = [], [], []
+    outer = tqdm(pairs, desc="pilot", unit="run", disable=not (progress and is_main))
+    for ckpt, seed in outer:
+        outer.set_postfix_str(f"{ckpt.name} seed{seed}")
+        run_dir = out / ckpt.name / f"seed{seed}"
+        expect = {"train_sha256": recipe.train_sha256, "manifest_sha256": m_hashes[seed],
+                  "base_fingerprint": ckpt.fingerprint}
+        done = _read_done(run_dir / "done.json")
+        if (done is not None and all(done.get(k) == v for k, v in expect.items())
+                and done.get("transfer_sha256") == t_hash and (run_dir / "transfer_items.parquet").is_file()
+                and (not merged or _saved_outputs(run_dir, method=recipe.method.type, merged=True))):
+            reused.append((ckpt.name, seed))
+            continue
+        # Trains, resumes, or (training already complete) reloads the final state without training.
+        cb = (lambda step, row, _n=ckpt.name, _s=seed: on_step(_n, _s, step, row)) if on_step else None
+        res = train(ckpt.path, recipe, seed, run_dir, manifest=manifests[seed], examples=by_id, pad_id=pad_id,
+                    base_fingerprint=ckpt.fingerprint, heldout=heldout, device=device, progress=progress,
+                    desc=f"{ckpt.name} seed{seed}", on_step=cb)
+        if res.is_main:
+            items = pd.DataFrame(columns=["item_id", "kind", "metric", "value", "weight"])
+            if recipe.transfer:
+                # a chat template renders its own special tokens: encode like the SFT encoder (no BOS added)
+                items = evaluate_transfer(res.model, tokenizer, recipe.transfer, device=res.device, progress=False,
+                                          format_prompt=fmt, source=recipe.source, add_special_tokens=fmt is None)
+            atomic_write_parquet(run_dir / "transfer_items.parquet", items)
+            saved = None if res.steps_trained else _saved_outputs(run_dir, method=recipe.method.type, merged=merged)
+            if saved is None:  # newly trained, or the saved model is missing: (re)write it
+                saved = _save_model(res.model, tokenizer, run_dir, method=recipe.method.type, merged=merged)
+            summ = summarize_transfer(items) if len(items) else pd.DataFrame(columns=["metric", "value", "n"])
+            trained_with = next((seg.get("recipe_sha256") for seg in reversed(res.lineage)
+                                 if seg.get("end_step", 0) > seg.get("start_step", 0)), None)
+            done = {**expect, **res.summary, "recipe_sha256": recipe.sha256, "trained_recipe_sha256": trained_with,
+                    "transfer_sha256": t_hash, "base": ckpt.name, "base_path": str(ckpt.path), "seed": seed,
+                    "saved": saved, "lineage_segments": len(res.lineage),
+                    "transfer": {r.metric: r.value for r in summ.itertuples()}}
+            atomic_write_json(run_dir / "done.json", done)
+        (trained if res.steps_trained else reevaluated).append((ckpt.name, seed))
+        del res
+        gc.collect()
+        _barrier()
+
+    result = _collect(out, ckpts, recipe.seeds, manifest, trained, reused, summarize_transfer, is_main)
+    result.reevaluated = reevaluated
+    if is_main:
+        manifest["status"] = "complete"
+        atomic_write_json(out / "manifest.json", manifest)
+    return result
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _collect(out: Path, ckpts, seeds, manifest, trained, reused, summarize_transfer, is_main) -> PilotResult:
+    """Check every seed's runs share one manifest, then write the pilot tables."""
+    for seed in seeds:
+        runs = {f"{c.name}/seed{seed}": json.loads((out / c.name / f"seed{seed}" / "data_manifest.json")
+                                                   .read_text(encoding="utf-8")) for c in ckpts}
+        require_same_manifest(runs)
+    t_rows, items, diag = [], [], []
+    for c in ckpts:
+        for seed in seeds:
+            run_dir = out / c.name / f"seed{seed}"
+            done = json.loads((run_dir / "done.json").read_text(encoding="utf-8"))
+            it = pd.read_parquet(run_dir / "transfer_items.parquet")
+            if len(it):
+                for r in summarize_transfer(it).itertuples():
+                    t_rows.append({"base": c.name, "seed": seed, "metric": r.metric, "value": r.value, "n": r.n})
+                items.append(it.assign(base=c.name, seed=seed))
+            diag.append({k: done.get(k) for k in DIAGNOSTIC_COLUMNS} | {"base": c.name, "seed": seed})
+    transfer = pd.DataFrame(t_rows, columns=["base", "seed", "metric", "value", "n"])
+    item_cols = ["base", "seed", "metric", "item_id", "kind", "value", "weight"]
+    transfer_items = pd.concat(items, ignore_index=True)[item_cols] if items else pd.DataFrame(columns=item_cols)
+    diagnostics = pd.DataFrame(diag, columns=DIAGNOSTIC_COLUMNS)
+    if is_main:
+        atomic_write_csv(out / "transfer.csv", transfer)
+        atomic_write_parquet(out / "transfer_items.parquet", transfer_items)
+        atomic_write_csv(out / "diagnostics.csv", diagnostics)
+    return PilotResult(transfer, transfer_items, diagnostics, out, manifest, trained, reused)

@@ -1,0 +1,107 @@
+"""Run-correctness diagnostics: per-layer gradient norms, loss-spike detection and the
+summary of a train log (pre-clip norm quantiles, clip fraction, nonfinite events, spikes).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import deque
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import torch
+
+__all__ = ["layer_key", "grad_norms", "layer_grad_norms", "summarize_layer_norms", "SpikeDetector",
+           "summarize_train_log"]
+
+_LAYER = re.compile(r"(?:^|\.)(layers|h|blocks|layer)\.(\d+)\.")
+
+
+def layer_key(name: str) -> str:
+    """Group a parameter name by transformer block (``layers.3``) or by its top-level module."""
+    m = _LAYER.search(name)
+    if m:
+        return f"{m.group(1)}.{m.group(2)}"
+    parts = [p for p in name.split(".") if p not in ("base_model", "model", "module", "weight", "bias")]
+    return parts[0] if parts else name
+
+
+def grad_norms(named_params: Iterable[tuple[str, torch.Tensor]]) -> tuple[float, dict[str, float]]:
+    """``(global L2 norm, {layer group: L2 norm})`` of the gradients (parameters without a
+    gradient are skipped). Per-tensor norms come from one ``torch._foreach_norm`` (fp32) and
+    both results reach the host in a single transfer."""
+    keys: list[str] = []
+    grads: list[torch.Tensor] = []
+    for name, p in named_params:
+        if p.grad is not None:
+            keys.append(layer_key(name))
+            grads.append(p.grad.detach())
+    if not grads:
+        return 0.0, {}
+    groups = list(dict.fromkeys(keys))
+    where = {k: i for i, k in enumerate(groups)}
+    dev = grads[0].device
+    if all(g.device == dev for g in grads):
+        norms = torch._foreach_norm(grads, 2.0, dtype=torch.float32)
+    else:  # grads on several devices (model parallel): per tensor, then gathered
+        norms = [torch.linalg.vector_norm(g, 2.0, dtype=torch.float32).to(dev) for g in grads]
+    sq = torch.stack(norms).square()
+    idx = torch.tensor([where[k] for k in keys], device=dev)
+    per_layer = torch.zeros(len(groups), device=dev, dtype=torch.float32).index_add_(0, idx, sq)
+    vals = torch.cat([per_layer, sq.sum().reshape(1)]).sqrt().tolist()  # the one host sync
+    return vals[-1], dict(zip(groups, vals[:-1]))
+
+
+def layer_grad_norms(named_params: Iterable[tuple[str, torch.Tensor]]) -> dict[str, float]:
+    """L2 norm of the gradient per layer group (parameters without a gradient are skipped)."""
+    return grad_norms(named_params)[1]
+
+
+def summarize_layer_norms(norms: dict[str, float]) -> dict[str, Any]:
+    """``{min, median, max, argmax}`` over layer groups (the argmax names the layer)."""
+    if not norms:
+        return {"min": None, "median": None, "max": None, "argmax": None}
+    vals = np.array(list(norms.values()))
+    return {"min": float(vals.min()), "median": float(np.median(vals)), "max": float(vals.max()),
+            "argmax": max(norms, key=norms.get)}
+
+
+class SpikeDetector:
+    """Flag a loss above the rolling median of the previous ``window`` losses by more than
+    ``threshold`` (nats). Nothing is flagged before ``min_history`` finite losses exist."""
+
+    def __init__(self, window: int = 201, threshold: float = 0.1, min_history: int = 10,
+                 history: Sequence[float] = ()):
+        self.window, self.threshold, self.min_history = window, threshold, min_history
+        self.history: deque[float] = deque((x for x in history if math.isfinite(x)), maxlen=window)
+
+    def update(self, loss: float) -> tuple[bool, float | None]:
+        """Return ``(is_spike, rolling_median_before_this_step)``, then add ``loss`` to the history."""
+        med = float(np.median(self.history)) if len(self.history) >= self.min_history else None
+        spike = med is not None and math.isfinite(loss) and loss > med + self.threshold
+        if math.isfinite(loss):
+            self.history.append(loss)
+        return spike, med
+
+
+def summarize_train_log(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Summary of per-step rows: steps, supervised tokens, clip fraction, pre-clip norm
+    p50/p90/max (over finite steps), nonfinite, skipped and spike counts."""
+    norms = np.array([r["grad_norm_preclip"] for r in rows
+                      if r.get("grad_norm_preclip") is not None and math.isfinite(r["grad_norm_preclip"])])
+    stepped = [r for r in rows if not r.get("skipped")]
+    return {
+        "steps": len(rows),
+        "optimizer_updates": len(stepped),
+        "sup_tokens": int(sum(r["sup_tokens"] for r in rows)),
+        "clip_fraction": float(np.mean([bool(r["clipped"]) for r in stepped])) if stepped else 0.0,
+        "grad_norm_p50": float(np.quantile(norms, 0.5)) if norms.size else None,
+        "grad_norm_p90": float(np.quantile(norms, 0.9)) if norms.size else None,
+        "grad_norm_max": float(norms.max()) if norms.size else None,
+        "nonfinite": int(sum(bool(r["nonfinite"]) for r in rows)),
+        "skipped": int(sum(bool(r.get("skipped")) for r in rows)),
+        "spikes": int(sum(bool(r["spike"]) for r in rows)),
+        "scaler_retries": int(sum(int(r.get("scaler_retries") or 0) for r in rows)),
+        "final_loss": rows[-1]["loss"] if rows else None,
+    }

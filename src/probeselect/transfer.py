@@ -1,0 +1,640 @@
+"""Held-out transfer evaluation of a post-trained model (pilot SFT, issue 6 section 5).
+
+The suite is declared in a recipe's ``transfer`` section (paths resolve against the
+current working directory)::
+
+    transfer:
+      tasks: results/demo/ladder/data/transfer.jsonl        # {id, kind, prompt, response}
+      robustness: results/demo/ladder/data/robustness.jsonl # {id, kind, prompt, prefill, answer, misleading}
+      heldout: results/demo/ladder/data/sft_heldout.jsonl   # {id, kind, prompt, response} (SFT format)
+      max_new_tokens: 12      # greedy generation limit (tasks and robustness)
+      max_items: null         # keep the first N rows of each file (null = all)
+      batch_size: 32          # prompts per forward pass
+      probe_items: []         # items.jsonl files of the shortlisting probes: refuse overlap
+
+Every key is optional, but at least one of tasks / robustness / heldout must be given.
+Files are JSONL (one object per line) or parquet.
+
+Prompt format. Rows are ``prompt``/``response`` pairs formatted the way the SFT trainer
+formats them: the model input is ``format_prompt(prompt)`` (identity unless the pilot
+passes its chat-template formatter), the response is the continuation (with its leading
+space) and the trainer appends the tokenizer's EOS token. Plain prompts are encoded with the
+tokenizer's default special tokens (BOS on the toy tokenizer), like the span scorer and the
+SFT encoder; chat-template prompts (``add_special_tokens=False``) without them, because the
+template renders them and the SFT encoder adds none to rendered text.
+
+Metrics (long rows ``item_id, kind, metric, value, weight``; direction in brackets):
+
+* ``task_accuracy`` (higher) -- per transfer task: greedy generation from the prompt,
+  stopped at EOS or at the first newline (the text before it is kept), at most
+  ``max_new_tokens`` tokens; 1 when :func:`~probeselect.generation.normalize_answer` of the
+  generation equals that of the reference response (lowercase, whitespace collapsed,
+  surrounding punctuation stripped), else 0.
+* ``task_logprob`` (higher) -- per transfer task: mean per-token log p(reference response |
+  prompt) in nats, from the span scorer (:mod:`probeselect.spans`), without EOS.
+* ``termination`` (higher) -- per transfer task: 1 when that greedy generation ended with
+  an EOS token within ``max_new_tokens``; a newline stop or running out of tokens is 0.
+* ``robust_recovery`` (higher) -- per robustness item: greedy continuation of
+  ``format_prompt(prompt) + prefill`` (stopped like above); 1 when :func:`recovered`.
+* ``heldout_loss`` (lower) -- per held-out SFT row: mean NLL in nats per response token,
+  the appended EOS token included (exactly the tokens the SFT loss supervises); weight =
+  that token count.
+* ``heldout_bpb`` (lower) -- per held-out SFT row: the same summed NLL in bits divided by
+  the UTF-8 bytes of the scored response text (the EOS token adds nats but no bytes);
+  weight = that byte count.
+
+:func:`summarize_transfer` reduces per-item rows to one value per metric: the weighted
+mean ``sum(value * weight) / sum(weight)``, i.e. total nats / total tokens and total bits
+/ total bytes for the held-out metrics, and the plain item mean for the others.
+
+Guard against leakage: :func:`check_disjoint_from_probes` refuses transfer tasks or
+robustness items that repeat a shortlisting probe item (see its docstring for the exact
+rule and why held-out SFT rows are exempt); :func:`evaluate_transfer` runs it when
+``probe_items`` is declared, and :func:`probeselect.pilot.run_pilot` runs it before any
+training (with the shortlist's score run ``items.jsonl`` when ``probe_items`` is not
+declared). :func:`check_disjoint_from_sft` refuses transfer tasks whose kinds occur in the
+SFT training data (the pilot runs it before training too).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import pandas as pd
+import torch
+
+from .errors import TransferError
+from .generation import (
+    _decode_rows,
+    _eos_ids,
+    _forward_kwargs,
+    _max_positions,
+    _new_cache,
+    _stop_token_mask,
+    normalize_answer,
+)
+from .spans import EncodedPair, encode_pair, score_pairs
+
+__all__ = [
+    "METRICS",
+    "Decoded",
+    "TransferItems",
+    "check_disjoint_from_probes",
+    "check_disjoint_from_sft",
+    "evaluate_transfer",
+    "greedy_decode",
+    "heldout_nll",
+    "load_transfer_items",
+    "recovered",
+    "summarize_transfer",
+    "validate_transfer_config",
+]
+
+#: Metric name -> better direction.
+METRICS: dict[str, str] = {
+    "task_accuracy": "higher",
+    "task_logprob": "higher",
+    "robust_recovery": "higher",
+    "termination": "higher",
+    "heldout_loss": "lower",
+    "heldout_bpb": "lower",
+}
+ITEM_COLUMNS = ["item_id", "kind", "metric", "value", "weight"]
+_FILE_KEYS = ("tasks", "robustness", "heldout")
+_DEFAULTS: dict[str, Any] = {"tasks": None, "robustness": None, "heldout": None, "max_new_tokens": 12,
+                             "max_items": None, "batch_size": 32, "probe_items": []}
+_REQUIRED = {
+    "tasks": ("id", "kind", "prompt", "response"),
+    "robustness": ("id", "kind", "prompt", "prefill", "answer", "misleading"),
+    "heldout": ("id", "kind", "prompt", "response"),
+}
+
+FormatPrompt = Callable[[str], str]
+
+
+def _identity(prompt: str) -> str:
+    return prompt
+
+
+class _NoSpecialTokens:
+    """A tokenizer view that adds no special tokens when encoding. Prompts rendered by a chat
+    template already contain them (e.g. ``{{ bos_token }}``), and the SFT encoder tokenizes
+    rendered text with ``add_special_tokens=False``; encoding them with the defaults would
+    double the BOS token."""
+
+    def __init__(self, tokenizer):
+        self._tok = tokenizer
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+    def __len__(self) -> int:
+        return len(self._tok)
+
+    def encode(self, text, *args, **kwargs):
+        kwargs.setdefault("add_special_tokens", False)
+        return self._tok.encode(text, *args, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        kwargs.setdefault("add_special_tokens", False)
+        return self._tok(*args, **kwargs)
+
+
+def _encoder(tokenizer, add_special_tokens: bool):
+    return tokenizer if add_special_tokens else _NoSpecialTokens(tokenizer)
+
+
+# ---------------------------------------------------------------------------
+# Configuration and items
+# ---------------------------------------------------------------------------
+
+
+def validate_transfer_config(cfg: Mapping[str, Any] | None, *, source: str = "<recipe>") -> dict[str, Any]:
+    """The ``transfer`` section with defaults filled in; :class:`TransferError` if invalid.
+
+    Checks keys and types only (not whether the files exist; :func:`load_transfer_items`
+    does that).
+    """
+    if cfg is None:
+        cfg = {}
+    if not isinstance(cfg, Mapping):
+        raise TransferError(f"{source}: transfer: expected a mapping with keys {sorted(_DEFAULTS)}.")
+    unknown = sorted(set(cfg) - set(_DEFAULTS))
+    if unknown:
+        from .errors import did_you_mean
+
+        raise TransferError(f"{source}: transfer: unknown key {unknown[0]!r}.{did_you_mean(unknown[0], _DEFAULTS)} "
+                            f"Allowed: {', '.join(sorted(_DEFAULTS))}.")
+    out = {**_DEFAULTS, **dict(cfg)}
+    if not any(out[k] for k in _FILE_KEYS):
+        raise TransferError(f"{source}: transfer: declare at least one of tasks, robustness, heldout "
+                            "(paths to JSONL/parquet files).")
+    for k in _FILE_KEYS:
+        if out[k] is not None and not isinstance(out[k], (str, Path)):
+            raise TransferError(f"{source}: transfer.{k}: expected a file path or null, got {out[k]!r}.")
+    for k, minimum in (("max_new_tokens", 1), ("batch_size", 1)):
+        v = out[k]
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            raise TransferError(f"{source}: transfer.{k}: expected an integer >= {minimum}, got {v!r}.")
+    mi = out["max_items"]
+    if mi is not None and (isinstance(mi, bool) or not isinstance(mi, int) or mi < 1):
+        raise TransferError(f"{source}: transfer.max_items: expected an integer >= 1 or null, got {mi!r}.")
+    probes = out["probe_items"]
+    if probes is None:
+        probes = []
+    if isinstance(probes, (str, Path)):
+        probes = [probes]
+    if not isinstance(probes, (list, tuple)) or not all(isinstance(p, (str, Path)) for p in probes):
+        raise TransferError(f"{source}: transfer.probe_items: expected a list of items.jsonl paths, got {probes!r}.")
+    out["probe_items"] = [str(p) for p in probes]
+    return out
+
+
+@dataclass(frozen=True)
+class TransferItems:
+    """The rows of the three suite files (empty when a file is not declared)."""
+
+    tasks: list[dict] = field(default_factory=list)
+    robustness: list[dict] = field(default_factory=list)
+    heldout: list[dict] = field(default_factory=list)
+    paths: dict[str, str] = field(default_factory=dict)
+
+
+def _read_rows(path: Path, what: str) -> list[dict]:
+    if not path.is_file():
+        raise TransferError(f"{path}: transfer.{what} file not found (paths resolve against the current "
+                            "directory); fix the path in the recipe's transfer section.")
+    if path.suffix == ".parquet":
+        try:
+            return pd.read_parquet(path).to_dict("records")
+        except Exception as exc:  # noqa: BLE001 - any reader failure is a bad file
+            raise TransferError(f"{path}: cannot read transfer.{what} parquet ({type(exc).__name__}: {exc}).") from None
+    import json
+
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise TransferError(f"{path}:{n}: invalid JSON in transfer.{what} ({exc.msg}); "
+                                    "expected one JSON object per line.") from None
+            if not isinstance(row, dict):
+                raise TransferError(f"{path}:{n}: expected a JSON object, got {type(row).__name__}.")
+            row["_line"] = n
+            rows.append(row)
+    return rows
+
+
+def _check_rows(rows: list[dict], path: Path, what: str) -> list[dict]:
+    need = _REQUIRED[what]
+    seen: set[str] = set()
+    out = []
+    for i, row in enumerate(rows):
+        where = f"{path}:{row.pop('_line', i + 1)}"
+        missing = [k for k in need if k not in row]
+        if missing:
+            raise TransferError(f"{where}: transfer.{what} row lacks {missing}; each row needs {list(need)}"
+                                + (" (chat 'messages' rows are not supported here; use prompt/response)"
+                                   if "messages" in row else "") + ".")
+        for k in need:
+            if not isinstance(row[k], str) or (k != "kind" and not row[k]):
+                raise TransferError(f"{where}: transfer.{what} field {k!r} must be a non-empty string, got {row[k]!r}.")
+        if row["id"] in seen:
+            raise TransferError(f"{where}: duplicate id {row['id']!r} in transfer.{what}; ids must be unique.")
+        seen.add(row["id"])
+        if what == "robustness" and normalize_answer(row["answer"]) == normalize_answer(row["misleading"]):
+            raise TransferError(f"{where}: robustness item {row['id']!r} has answer == misleading ({row['answer']!r}).")
+        out.append({k: row[k] for k in row})
+    if not out:
+        raise TransferError(f"{path}: transfer.{what} file has no rows.")
+    return out
+
+
+def load_transfer_items(cfg: Mapping[str, Any], *, source: str = "<recipe>") -> TransferItems:
+    """Read and validate the declared suite files; keep the first ``max_items`` rows of each.
+
+    Raises :class:`TransferError` naming the file (and line) for a missing file, invalid
+    JSON, a missing or empty field, a duplicate id or a robustness item whose answer
+    equals its misleading answer.
+    """
+    cfg = validate_transfer_config(cfg, source=source)
+    got: dict[str, list[dict]] = {}
+    paths: dict[str, str] = {}
+    for what in _FILE_KEYS:
+        if not cfg[what]:
+            got[what] = []
+            continue
+        path = Path(cfg[what])
+        rows = _check_rows(_read_rows(path, what), path, what)
+        got[what] = rows[: cfg["max_items"]] if cfg["max_items"] else rows
+        paths[what] = str(path)
+    return TransferItems(tasks=got["tasks"], robustness=got["robustness"], heldout=got["heldout"], paths=paths)
+
+
+# ---------------------------------------------------------------------------
+# Leakage guard
+# ---------------------------------------------------------------------------
+
+_MARKERS = re.compile(r"(?im)^\s*#{1,6}\s*(question|answer|response|instruction)\s*:|\b(?:q|a)\s*:")
+_KEY_TOKENS = re.compile(r"[a-z0-9]+|[+\-*/]")
+
+
+def query_key(text: str) -> str:
+    """Normalised query text: prompt-format markers (``### Question:``, ``### Answer:``,
+    ``Q:``, ``A:``) removed, lowercased, only words, numbers and arithmetic operators kept,
+    single spaces. ``"### Question: What is 7 + 5?\\n### Answer:"`` and ``"Q: What is 7 + 5? A:"``
+    both give ``"what is 7 + 5"``."""
+    return " ".join(_KEY_TOKENS.findall(_MARKERS.sub(" ", text).lower()))
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in text.split("\n") if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+def check_disjoint_from_probes(transfer_items: TransferItems | Iterable[Mapping[str, Any]],
+                               probe_items_jsonl_paths: Sequence[str | Path], *,
+                               include_heldout: bool = False) -> None:
+    """Refuse a transfer suite that repeats an item of the shortlisting probes.
+
+    ``probe_items_jsonl_paths`` are ``items.jsonl`` files written by ``probeselect score``
+    (rows with ``item_id``, ``prompt``, ``task_answer``). For a :class:`TransferItems` the
+    transfer tasks and robustness items are checked; held-out SFT rows only with
+    ``include_heldout=True``: they are drawn from the SFT distribution, whose questions
+    (e.g. "What is 7 + 5?") the probes may share just as the SFT training data does, and
+    held-out loss measures fit to that distribution rather than transfer. A plain list of
+    rows is checked entirely. A row duplicates a probe item when both
+
+    * its query equals the probe's query: :func:`query_key` of the transfer prompt equals
+      :func:`query_key` of the probe prompt's last non-empty line (the query after the
+      demonstrations) or of the whole probe prompt; and
+    * its answer (``response``, or ``answer`` for robustness items) equals the probe's
+      ``task_answer`` after :func:`~probeselect.generation.normalize_answer`.
+
+    Raises :class:`TransferError` listing up to five duplicates (transfer id, probe file and
+    item id). The rule catches the same question asked with different prompt markers; it
+    does not catch paraphrases.
+    """
+    if isinstance(transfer_items, TransferItems):
+        rows = [*transfer_items.tasks, *transfer_items.robustness,
+                *(transfer_items.heldout if include_heldout else [])]
+    else:
+        rows = list(transfer_items)
+    probe_index: dict[tuple[str, str], str] = {}
+    for p in probe_items_jsonl_paths:
+        path = Path(p)
+        if not path.is_file():
+            raise TransferError(f"{path}: probe items file not found (transfer.probe_items); point it at the "
+                                "items.jsonl of the scoring run used for shortlisting.")
+        for row in _read_rows(path, "probe_items"):
+            if not isinstance(row.get("prompt"), str) or not isinstance(row.get("task_answer"), str):
+                raise TransferError(f"{path}:{row.get('_line')}: probe item lacks string 'prompt'/'task_answer' "
+                                    "(expected an items.jsonl written by probeselect score).")
+            ans = normalize_answer(row["task_answer"])
+            ref = f"{path}:{row.get('item_id', row['_line'])}"
+            for q in (query_key(_last_line(row["prompt"])), query_key(row["prompt"])):
+                probe_index.setdefault((q, ans), ref)
+    dups = []
+    for r in rows:
+        ans = normalize_answer(str(r.get("response", r.get("answer", ""))))
+        hit = probe_index.get((query_key(str(r.get("prompt", ""))), ans))
+        if hit:
+            dups.append(f"{r.get('id')} = {hit}")
+    if dups:
+        raise TransferError(
+            f"the transfer suite repeats {len(dups)} shortlisting probe item(s): {'; '.join(dups[:5])}"
+            f"{' ...' if len(dups) > 5 else ''}. The transfer suite must not include the probes used for "
+            "shortlisting; remove these rows from the transfer files."
+        )
+
+
+def _sft_prompt(row: Mapping[str, Any]) -> str:
+    if "prompt" in row and row.get("prompt") is not None:
+        return str(row["prompt"])
+    msgs = row.get("messages") or []
+    return "\n".join(str(m.get("content", "")) for m in msgs if isinstance(m, Mapping) and m.get("role") == "user")
+
+
+def check_disjoint_from_sft(transfer_items: TransferItems | Sequence[Mapping[str, Any]],
+                            sft_rows: Sequence[Mapping[str, Any]], *, sft_source: str = "SFT data") -> None:
+    """Refuse transfer tasks that are not held out from the SFT training data.
+
+    Task transfer measures instruction-format tasks of kinds *absent* from the SFT data.
+    When every SFT row and every task carries a non-empty ``kind``, a task whose kind occurs
+    in the SFT data is refused; otherwise (kinds unknown) a task whose normalised prompt
+    (:func:`query_key`) equals that of an SFT prompt (for chat rows: the user turns) is
+    refused. Robustness items and held-out SFT rows are exempt: they are drawn from the SFT
+    kinds on purpose. Raises :class:`TransferError` naming up to five offending tasks.
+    """
+    tasks = list(transfer_items.tasks if isinstance(transfer_items, TransferItems) else transfer_items)
+    if not tasks or not sft_rows:
+        return
+    if all(r.get("kind") for r in sft_rows) and all(t.get("kind") for t in tasks):
+        sft_kinds = {str(r["kind"]) for r in sft_rows}
+        bad = [t for t in tasks if str(t["kind"]) in sft_kinds]
+        if bad:
+            kinds = sorted({str(t["kind"]) for t in bad})
+            raise TransferError(
+                f"transfer tasks of kind(s) {kinds} also occur in the SFT training data ({sft_source}); task "
+                f"transfer must use kinds absent from the SFT data (e.g. {', '.join(str(t['id']) for t in bad[:5])}"
+                f"{' ...' if len(bad) > 5 else ''}). Remove those tasks or those kinds from the SFT data.")
+        return
+    seen = {query_key(_sft_prompt(r)): str(r.get("id")) for r in sft_rows}
+    seen.pop("", None)
+    dups = [f"{t.get('id')} = {seen[k]}" for t in tasks if (k := query_key(str(t.get("prompt", "")))) in seen]
+    if dups:
+        raise TransferError(
+            f"{len(dups)} transfer task(s) repeat an SFT training prompt ({sft_source}): {'; '.join(dups[:5])}"
+            f"{' ...' if len(dups) > 5 else ''}. Transfer tasks must be held out from the SFT data; remove them.")
+
+
+# ---------------------------------------------------------------------------
+# Scoring helpers
+# ---------------------------------------------------------------------------
+
+_WORDS = re.compile(r"[a-z0-9]+")
+
+
+def _contains(words: list[str], sub: list[str]) -> bool:
+    n = len(sub)
+    return n > 0 and any(words[i : i + n] == sub for i in range(len(words) - n + 1))
+
+
+def recovered(continuation: str, answer: str, misleading: str) -> bool:
+    """Whether a continuation after a misleading prefill recovers to the correct answer.
+
+    Texts are lowercased and split into words (runs of ``[a-z0-9]``). True when the
+    answer's words occur contiguously in the continuation and the misleading answer's
+    words do not (the misleading answer is not reasserted). ``"12"`` does not match inside
+    ``"112"``; ``" 12, not 13"`` with misleading ``"13"`` is not a recovery.
+    """
+    words = _WORDS.findall(continuation.lower())
+    return _contains(words, _WORDS.findall(answer.lower())) and not _contains(words, _WORDS.findall(misleading.lower()))
+
+
+def _unwrap(model):
+    """The transformers model under a peft wrapper (LoRA layers stay injected in it)."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A greedy continuation: ``text`` excludes the stop (EOS token, or the newline and
+    what follows it in the stop token); ``stop`` is ``"eos"``, ``"newline"`` or None when
+    ``max_new_tokens`` ran out; ``n_new_tokens`` includes the stop token."""
+
+    text: str
+    stop: str | None
+    n_new_tokens: int
+
+
+@torch.inference_mode()
+def greedy_decode(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 12,
+                  batch_size: int = 32) -> list[Decoded]:
+    """Greedy continuation of every prompt, stopped at EOS or at a newline.
+
+    KV-cached, prompts batched longest first with left padding and explicit position ids
+    (the decode loop is :mod:`probeselect.generation`'s); unlike
+    :func:`~probeselect.generation.greedy_generations` it reports whether EOS or a newline
+    stopped each continuation. Accepts a peft model (decodes through its base model,
+    adapters active).
+    """
+    model = _unwrap(model)
+    if not prompts:
+        return []
+    device = next(model.parameters()).device
+    cache_kw, keep_last = _forward_kwargs(model)
+    eos = _eos_ids(model, tokenizer)
+    max_pos = _max_positions(model)
+    pad_id = getattr(model.config, "pad_token_id", None)
+    if pad_id is None:
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    encoded = [list(tokenizer.encode(p)) for p in prompts]
+    for i, ids in enumerate(encoded):
+        if max_pos is not None and len(ids) + max_new_tokens > max_pos:
+            raise TransferError(f"prompt {i} ({prompts[i][:40]!r}...) has {len(ids)} tokens; with "
+                                f"max_new_tokens={max_new_tokens} it exceeds the model's {max_pos} positions.")
+    order = sorted(range(len(prompts)), key=lambda i: (-len(encoded[i]), i))
+    out: list[Decoded | None] = [None] * len(prompts)
+    stop_mask = None
+    for start in range(0, len(order), batch_size):
+        idx = order[start : start + batch_size]
+        width = max(len(encoded[i]) for i in idx)
+        ids = torch.full((len(idx), width), int(pad_id), dtype=torch.long)
+        mask = torch.zeros((len(idx), width), dtype=torch.long)
+        for r, i in enumerate(idx):
+            ids[r, width - len(encoded[i]):] = torch.tensor(encoded[i], dtype=torch.long)
+            mask[r, width - len(encoded[i]):] = 1
+        pos = (mask.cumsum(-1) - 1).clamp_(min=0)
+        ids, mask, pos = ids.to(device), mask.to(device), pos.to(device)
+        cache = _new_cache(model)
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                       **{cache_kw: cache}, **keep_last).logits[:, -1, :]
+        if stop_mask is None:
+            stop_mask = _stop_token_mask(tokenizer, logits.shape[-1], device)
+        rows = torch.arange(len(idx))
+        toks, reasons = _decode_rows(model, cache, cache_kw, logits, mask, mask.sum(-1), rows,
+                                     torch.zeros_like(rows), None, temperature=0.0,
+                                     max_new_tokens=max_new_tokens, stop_mask=stop_mask, eos=eos,
+                                     compact_fraction=0.25)
+        for r, i in enumerate(idx):
+            t, why = toks[r], reasons[r]
+            if why == "eos":
+                text = tokenizer.decode(t[:-1], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            else:
+                text = tokenizer.decode(t, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+                if why == "newline":
+                    text = text.split("\n", 1)[0]
+            out[i] = Decoded(text=text, stop=why, n_new_tokens=len(t))
+    return out  # type: ignore[return-value]
+
+
+def _eos_id(tokenizer) -> int:
+    eid = tokenizer.eos_token_id
+    if eid is None:
+        raise TransferError("the tokenizer has no EOS token; held-out SFT loss scores the appended EOS token "
+                            "like the SFT trainer does. Set tokenizer.eos_token.")
+    return int(eid)
+
+
+def heldout_nll(model, tokenizer, rows: Sequence[Mapping[str, Any]], *, format_prompt: FormatPrompt | None = None,
+                device=None, batch_size: int = 32, add_special_tokens: bool = True) -> pd.DataFrame:
+    """Summed NLL of each held-out SFT response, EOS included, as the SFT loss sees it.
+
+    Context = ``format_prompt(prompt)``; scored tokens = the response's tokens
+    (``encode(context + response)[len(encode(context)):]``, the span scorer's rule) plus
+    the tokenizer's EOS token. One row per input row: ``item_id, kind, nats`` (summed,
+    natural log), ``tokens`` (scored tokens, EOS included), ``bytes`` (UTF-8 bytes of the
+    scored response text). ``add_special_tokens=False`` for chat-template prompts (see
+    :func:`evaluate_transfer`).
+    """
+    fmt = format_prompt or _identity
+    eos = _eos_id(tokenizer)
+    tokenizer = _encoder(tokenizer, add_special_tokens)
+    pairs, nbytes = [], []
+    for r in rows:
+        ctx = fmt(r["prompt"])
+        enc = encode_pair(tokenizer, ctx, r["response"], what=f"held-out row {r['id']}")
+        pairs.append(EncodedPair(enc.context_ids, enc.continuation_ids + (eos,)))
+        n_moved = len(ctx) - len(ctx.rstrip())  # trailing prompt spaces are scored with the response
+        nbytes.append(len((ctx[len(ctx) - n_moved:] + r["response"]).encode("utf-8")))
+    scores = score_pairs(_unwrap(model), pairs, batch_size=batch_size, device=device)
+    return pd.DataFrame({"item_id": [r["id"] for r in rows], "kind": [r["kind"] for r in rows],
+                         "nats": [-s.logprob for s in scores], "tokens": [s.n_tokens for s in scores],
+                         "bytes": nbytes})
+
+
+# ---------------------------------------------------------------------------
+# Evaluation
+# ---------------------------------------------------------------------------
+
+
+def _rows(items: Sequence[Mapping[str, Any]], metric: str, values, weights=None) -> list[dict]:
+    weights = weights if weights is not None else [1.0] * len(items)
+    return [{"item_id": it["id"], "kind": it["kind"], "metric": metric, "value": float(v), "weight": float(w)}
+            for it, v, w in zip(items, values, weights)]
+
+
+def evaluate_transfer(model, tokenizer, transfer_cfg: Mapping[str, Any], *, device=None, progress: bool = False,
+                      format_prompt: FormatPrompt | None = None, source: str = "<recipe>",
+                      add_special_tokens: bool = True) -> pd.DataFrame:
+    """Evaluate ``model`` on the transfer suite declared by ``transfer_cfg``.
+
+    Returns per-item long rows ``item_id, kind, metric, value, weight`` (metrics and
+    weights as in the module docstring; reduce with :func:`summarize_transfer`). The model
+    (plain or peft) must already be on ``device`` (None: the device of its parameters);
+    it is put in eval mode for the evaluation and its previous mode is restored.
+    ``format_prompt`` maps a row's prompt to the model input (the SFT chat formatter;
+    identity by default). ``add_special_tokens``: whether encoding adds the tokenizer's
+    special tokens (BOS): True for plain prompts, as the SFT encoder does for plain
+    prompt/response rows; False for chat-template prompts, which render them themselves (the
+    SFT encoder then adds none either). If ``probe_items`` is declared,
+    :func:`check_disjoint_from_probes` runs first.
+    """
+    from tqdm.auto import tqdm
+
+    cfg = validate_transfer_config(transfer_cfg, source=source)
+    items = load_transfer_items(cfg, source=source)
+    if cfg["probe_items"]:
+        check_disjoint_from_probes(items, cfg["probe_items"])
+    fmt = format_prompt or _identity
+    tokenizer = _encoder(tokenizer, add_special_tokens)
+    mnt, bs = cfg["max_new_tokens"], cfg["batch_size"]
+    if device is None:
+        device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    out: list[dict] = []
+    steps = [k for k in _FILE_KEYS if getattr(items, k)]
+    bar = tqdm(total=len(steps), desc="transfer", unit="part", leave=False, disable=not progress)
+    try:
+        if items.tasks:
+            bar.set_postfix_str("tasks")
+            gens = greedy_decode(model, tokenizer, [fmt(t["prompt"]) for t in items.tasks], max_new_tokens=mnt,
+                                 batch_size=bs)
+            out += _rows(items.tasks, "task_accuracy",
+                         [normalize_answer(g.text) == normalize_answer(t["response"]) for g, t in zip(gens, items.tasks)])
+            pairs = [encode_pair(tokenizer, fmt(t["prompt"]), t["response"], what=f"transfer task {t['id']}")
+                     for t in items.tasks]
+            scores = score_pairs(_unwrap(model), pairs, batch_size=bs, device=device)
+            out += _rows(items.tasks, "task_logprob", [s.logprob / s.n_tokens for s in scores])
+            out += _rows(items.tasks, "termination", [g.stop == "eos" for g in gens])
+            bar.update(1)
+        if items.robustness:
+            bar.set_postfix_str("robustness")
+            gens = greedy_decode(model, tokenizer, [fmt(r["prompt"]) + r["prefill"] for r in items.robustness],
+                                 max_new_tokens=mnt, batch_size=bs)
+            out += _rows(items.robustness, "robust_recovery",
+                         [recovered(g.text, r["answer"], r["misleading"]) for g, r in zip(gens, items.robustness)])
+            bar.update(1)
+        if items.heldout:
+            bar.set_postfix_str("heldout")
+            nll = heldout_nll(model, tokenizer, items.heldout, format_prompt=fmt, device=device, batch_size=bs)
+            out += _rows(items.heldout, "heldout_loss", nll["nats"] / nll["tokens"], nll["tokens"])
+            out += _rows(items.heldout, "heldout_bpb", nll["nats"] / math.log(2) / nll["bytes"], nll["bytes"])
+            bar.update(1)
+    finally:
+        bar.close()
+        model.train(was_training)
+    return pd.DataFrame(out, columns=ITEM_COLUMNS)
+
+
+def summarize_transfer(items: pd.DataFrame) -> pd.DataFrame:
+    """One row per metric: ``metric, value, n`` (n = items).
+
+    ``value`` is the weighted mean ``sum(value * weight) / sum(weight)``: total nats / total
+    tokens for ``heldout_loss``, total bits / total bytes for ``heldout_bpb`` and the item
+    mean for the other metrics (their weight is 1). A table without a ``weight`` column
+    is accepted only if it holds no held-out metric (an item mean of per-item losses would
+    be biased towards short responses). Metrics follow :data:`METRICS` order, unknown ones
+    after them alphabetically.
+    """
+    cols = ["metric", "value", "n"]
+    missing = [c for c in ("metric", "value") if c not in items.columns]
+    if missing:
+        raise TransferError(f"transfer items table lacks columns {missing}; expected {ITEM_COLUMNS}.")
+    if items.empty:
+        return pd.DataFrame(columns=cols)
+    df = items
+    if "weight" not in df.columns:
+        held = sorted(set(df["metric"]) & {"heldout_loss", "heldout_bpb"})
+        if held:
+            raise TransferError(f"transfer items table has {held} rows but no 'weight' column; the run-level "
+                                "held-out loss must be token-weighted. Keep the weight column from evaluate_transfer.")
+        df = df.assign(weight=1.0)
+    rows = []
+    known = [m for m in METRICS if m in set(df["metric"])]
+    other = sorted(set(df["metric"]) - set(METRICS))
+    for m in known + other:
+        g = df[df["metric"] == m]
+        w = g["weight"].astype(float)
+        rows.append({"metric": m, "value": float((g["value"].astype(float) * w).sum() / w.sum()), "n": len(g)})
+    return pd.DataFrame(rows, columns=cols)
