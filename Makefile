@@ -26,19 +26,17 @@ PROBES := probes/arith_pattern.yaml probes/tmpl_repeated.yaml probes/tmpl_mismat
 	probes/tmpl_flipped.yaml probes/demo/persona_qa.yaml probes/capability/arith_plain.yaml \
 	probes/capability/relation_plain.yaml probes/capability/persona_plain.yaml
 
+# The whole pipeline (recipes/demo.yaml): toy ladder -> score -> dynamics -> shortlist -> plan lock
+# -> pilot SFT + transfer -> select -> confirm -> report; resumable (stages with unchanged inputs
+# are skipped). The example copy in results/example/ is refreshed from it.
+EXAMPLE_FILES := report.md report.html summary.csv shortlist.csv shortlist.json plan.lock.json selection.csv \
+	selection.json confirm.json manifest.json dynamics
 demo: install
-	$(BIN)/probeselect toy-ladder $(DEMO_DIR)/ladder
-	$(BIN)/probeselect score $(DEMO_DIR)/ladder --probes $(PROBES) \
-		--heldout $(DEMO_DIR)/ladder/data/heldout.txt --audit-items 20 --out $(DEMO_DIR)/score
-	$(BIN)/probeselect average $(DEMO_DIR)/ladder --window 3 --out $(DEMO_DIR)/ladder-avg3
-	$(BIN)/probeselect score $(DEMO_DIR)/ladder-avg3 --probes $(PROBES) --audit-items 0 \
-		--heldout $(DEMO_DIR)/ladder/data/heldout.txt --out $(DEMO_DIR)/score/averaged
-	$(BIN)/probeselect dynamics $(DEMO_DIR)/score
-	$(BIN)/probeselect shortlist $(DEMO_DIR)/score --plan recipes/selection.yaml
-	$(BIN)/probeselect report $(DEMO_DIR)/score
-	rm -rf results/example && mkdir -p results/example
-	cp -r $(DEMO_DIR)/score/report.md $(DEMO_DIR)/score/report.html $(DEMO_DIR)/score/summary.csv \
-		$(DEMO_DIR)/score/shortlist.csv $(DEMO_DIR)/score/manifest.json $(DEMO_DIR)/score/dynamics results/example/
+	$(BIN)/probeselect run recipes/demo.yaml out=$(DEMO_DIR)
+	rm -rf results/example && mkdir -p results/example/pilot results/example/confirm
+	cd $(DEMO_DIR)/score && cp -r $(EXAMPLE_FILES) $(CURDIR)/results/example/
+	cd $(DEMO_DIR)/score && cp pilot/transfer.csv pilot/diagnostics.csv pilot/manifest.json $(CURDIR)/results/example/pilot/
+	cd $(DEMO_DIR)/score && cp confirm/transfer.csv confirm/diagnostics.csv $(CURDIR)/results/example/confirm/
 	@echo "demo results: $(DEMO_DIR)/ (ladder/, score/ with report.html); example copy in results/example/"
 
 test: install

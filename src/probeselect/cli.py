@@ -235,6 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("run_dir", metavar="RUN_DIR", help="a folder written by `probeselect score`")
     r.add_argument("--averaged", default=None, help="scored run of averaged checkpoints to compare against")
     r.set_defaults(func=_cmd_report)
+    __import__("probeselect.sft._cli", fromlist=["add_parsers"]).add_parsers(sub)  # pilot
+    __import__("probeselect._select_cli", fromlist=["add_parsers"]).add_parsers(sub)  # plan lock, select, confirm, run
     return p
 
 

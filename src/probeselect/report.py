@@ -33,7 +33,7 @@ import pandas as pd
 from ._io import atomic_write_text, sha256_file
 from .errors import ProbeselectError
 
-__all__ = ["ReportPaths", "write_report", "find_averaged_run"]
+__all__ = ["ReportPaths", "ProbeSections", "write_report", "probe_sections", "find_averaged_run"]
 
 
 class ReportPaths(NamedTuple):
@@ -482,13 +482,18 @@ def _provenance_section(manifest: dict | None, run_dir: Path) -> Section:
 # ---------------------------------------------------------------------------
 
 
-def write_report(run_dir: str | Path, *, averaged_run_dir: str | Path | None = None) -> ReportPaths:
-    """Write ``run_dir/report.md`` and a self-contained ``run_dir/report.html``.
+class ProbeSections(NamedTuple):
+    """The probe-evidence sections of a scored run (see :func:`probe_sections`)."""
 
-    Recomputes ``run_dir/dynamics/`` (tables and plots), includes the shortlist when
-    ``shortlist.csv`` exists and the averaged-vs-raw comparison when an averaged run is
-    found (see the module docstring). Returns :class:`ReportPaths` ``(md, html)``.
-    """
+    summary: Section
+    evidence: list[Section]
+    manifest: dict | None
+
+
+def probe_sections(run_dir: str | Path, *, averaged_run_dir: str | Path | None = None) -> ProbeSections:
+    """Build the probe report's sections: the summary, the evidence (shortlist, figures,
+    signal and noise, correlation, averaging) and the scoring manifest. Recomputes
+    ``run_dir/dynamics/``. Caveats and provenance are left to the caller."""
     from .average import compare_averaging
     from .dynamics import compute_dynamics, load_run
 
@@ -502,8 +507,7 @@ def write_report(run_dir: str | Path, *, averaged_run_dir: str | Path | None = N
     avg_cmp = compare_averaging(run_dir, avg_dir) if avg_dir is not None else None
 
     figs = dyn.plots
-    sections = [
-        _summary_section(dyn, sl, sl_meta, avg_cmp, stale),
+    evidence = [
         _shortlist_section(sl, sl_meta),
         Section("Margin trajectories", [Figure(
             figs["margin_trajectories"],
@@ -523,9 +527,27 @@ def write_report(run_dir: str | Path, *, averaged_run_dir: str | Path | None = N
             "on one of them would not generalize.",
             "Spearman correlation heatmap")]),
         _averaging_section(run_dir, avg_dir, avg_cmp, dyn),
-        Section("Caveats", [Bullets(_CAVEATS)]),
-        _provenance_section(manifest, run_dir),
     ]
+    return ProbeSections(_summary_section(dyn, sl, sl_meta, avg_cmp, stale), evidence, manifest)
+
+
+def write_report(run_dir: str | Path, *, averaged_run_dir: str | Path | None = None) -> ReportPaths:
+    """Write ``run_dir/report.md`` and a self-contained ``run_dir/report.html``.
+
+    Recomputes ``run_dir/dynamics/`` (tables and plots), includes the shortlist when
+    ``shortlist.csv`` exists and the averaged-vs-raw comparison when an averaged run is
+    found (see the module docstring). Once ``run_dir/selection.json`` exists (``probeselect
+    select``) the base-selection report of :mod:`probeselect.final_report` is written
+    instead; it contains every section of this one. Returns :class:`ReportPaths` ``(md, html)``.
+    """
+    run_dir = Path(run_dir)
+    if (run_dir / "selection.json").is_file():
+        from .final_report import write_selection_report
+
+        return write_selection_report(run_dir, averaged_run_dir=averaged_run_dir)
+    parts = probe_sections(run_dir, averaged_run_dir=averaged_run_dir)
+    sections = [parts.summary, *parts.evidence, Section("Caveats", [Bullets(_CAVEATS)]),
+                _provenance_section(parts.manifest, run_dir)]
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     title = f"probeselect report: {run_dir.resolve().name}"
     sections[0].blocks.insert(0, Para(f"Generated {now} from `{run_dir}`. Decide with the summary; check the figures."))

@@ -63,7 +63,8 @@ from .manifest import base_manifest
 __all__ = ["Plan", "Proxy", "Floor", "ShortlistResult", "load_plan", "shortlist", "AGGREGATIONS"]
 
 AGGREGATIONS = ("mean_rank", "median_rank")
-_PLAN_KEYS = ("proxies", "constraints", "aggregation", "k", "candidates", "description")
+# `selection:` (primary transfer metric, constraints, decision rule) is validated by probeselect.plan.
+_PLAN_KEYS = ("proxies", "constraints", "aggregation", "k", "candidates", "description", "selection")
 _PROXY_KEYS = ("family", "variant", "metric", "direction")
 _CONSTRAINT_KEYS = ("heldout_bpb_within", "capability_floor")
 _FLOOR_KEYS = ("family", "variant", "metric", "min")

@@ -1,0 +1,126 @@
+"""Subcommands of the final comparison: ``plan lock``, ``select``, ``confirm`` and ``run``.
+
+Registered in :mod:`probeselect.cli` by ``add_parsers(sub)``; each command is a thin
+wrapper over a public function (:func:`probeselect.plan.lock_plan`,
+:func:`probeselect.select.select`, :func:`probeselect.confirm.confirm`,
+:func:`probeselect.run.run_pipeline`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _fmt(x) -> str:
+    return "n/a" if x is None or x != x else f"{x:.4g}"
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from .plan import LOCK_NAME, lock_plan
+
+    rec = lock_plan(args.plan, args.run, force=args.force)
+    print(f"locked {args.plan} (sha256 {rec['plan_sha256'][:12]}) at {rec['locked_utc']}: "
+          f"{len(rec['files'])} result file(s) recorded in {args.run}/{LOCK_NAME}")
+    if rec["outcome_files_at_lock"]:
+        print(f"warning: {len(rec['outcome_files_at_lock'])} pilot/transfer result file(s) already exist "
+              f"(e.g. {rec['outcome_files_at_lock'][0]}): a selection from this run will be POST-HOC.", file=sys.stderr)
+    return 0
+
+
+def _cmd_select(args: argparse.Namespace) -> int:
+    from .select import select
+
+    res = select(args.run_dir, plan_path=args.plan, pilot_dir=args.pilot, allow_post_hoc=args.allow_post_hoc)
+    r = res.ranking
+    if res.post_hoc:
+        print("POST-HOC selection: " + "; ".join(res.post_hoc_reasons), file=sys.stderr)
+    cols = [c for c in ("base", "position", "eligible", "value", "ci_lo", "ci_hi", "p_best", "failed_constraints")
+            if c in r.table.columns]
+    with __import__("pandas").option_context("display.width", 200, "display.max_colwidth", 60):
+        print(r.table[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    if r.verdict == "winner":
+        print(f"recommended: {r.recommended} ({r.top} - {r.runner_up} = {_fmt(r.diff)}, interval "
+              f"{_fmt(r.diff_ci[0])} to {_fmt(r.diff_ci[1])}, P(top beats runner-up) {_fmt(r.p_top_beats_runner_up)})")
+    elif r.verdict == "no_clear_winner":
+        print(f"no clear winner: {r.top} vs {r.runner_up} difference {_fmt(r.diff)}, interval {_fmt(r.diff_ci[0])} to "
+              f"{_fmt(r.diff_ci[1])} overlaps the tie margin; P(top beats runner-up) {_fmt(r.p_top_beats_runner_up)}")
+    else:
+        print(f"{r.verdict.replace('_', ' ')}: recommended {r.recommended or 'none'}")
+    if len(res.proxies):
+        print(res.proxies[["proxy", "n_bases", "spearman", "kendall", "p_single_spearman", "p_best_of_m_spearman"]]
+              .to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    for n in res.notes:
+        print(f"note: {n}", file=sys.stderr)
+    print(f"selection: {res.json_path} and {res.csv_path}" + (" [POST-HOC]" if res.post_hoc else ""))
+    return 0
+
+
+def _cmd_confirm(args: argparse.Namespace) -> int:
+    from .confirm import confirm
+
+    res = confirm(args.run_dir, args.recipe, top=args.top, overrides=args.overrides,
+                  progress=not args.no_progress, device=args.device)
+    print(res.statement)
+    print(f"Kendall tau (pilot vs confirmation): {_fmt(res.kendall_tau)}; reversals: {len(res.reversals)}")
+    print(f"confirmation: {res.json_path}")
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from .run import run_pipeline
+
+    res = run_pipeline(args.config, overrides=args.overrides, force=args.force, progress=not args.no_progress)
+    for st in res.stages:
+        print(f"{st.name:<10} {st.status:<8} {st.seconds:7.1f}s  {st.detail}")
+    print(f"run: {res.out_dir} (report: {res.report})")
+    return 0
+
+
+def add_parsers(sub) -> None:
+    """Add ``plan``, ``select``, ``confirm`` and ``run`` to the top-level subparsers."""
+    pl = sub.add_parser("plan", help="lock a selection plan into a run before pilot results exist",
+                        description="Predeclaration: record the plan's hash and text and the run's files.")
+    pls = pl.add_subparsers(dest="plan_command", required=True, metavar="ACTION")
+    lk = pls.add_parser("lock", help="write RUN_DIR/plan.lock.json",
+                        description="Write RUN_DIR/plan.lock.json: the plan's sha256, a copy of its text, the time "
+                                    "and every result file in RUN_DIR with its sha256. Lock after the shortlist and "
+                                    "before the pilot; `probeselect select` refuses to run without a lock.")
+    lk.add_argument("plan", metavar="PLAN", help="selection plan YAML, e.g. recipes/selection.yaml")
+    lk.add_argument("--run", required=True, metavar="RUN_DIR", help="the scored run folder (with shortlist.csv)")
+    lk.add_argument("--force", action="store_true", help="replace an existing lock (the old record is kept)")
+    pl.set_defaults(func=_cmd_plan)
+
+    s = sub.add_parser("select", help="select a base by held-out transfer under the locked plan",
+                       description="Rank the piloted bases by the plan's primary transfer metric (seed mean) subject "
+                                   "to its constraints, with a paired bootstrap over items and seeds, validate the "
+                                   "proxies against a selection-effect null, and write selection.json/selection.csv.")
+    s.add_argument("run_dir", metavar="RUN_DIR", help="scored run folder with plan.lock.json, shortlist.csv and pilot/")
+    s.add_argument("--plan", default=None, help="plan file (default: the path recorded in the lock)")
+    s.add_argument("--pilot", default=None, help="pilot output folder (default RUN_DIR/pilot)")
+    s.add_argument("--allow-post-hoc", action="store_true",
+                   help="proceed although the plan changed after the lock or results predate it; outputs say POST-HOC")
+    s.set_defaults(func=_cmd_select)
+
+    c = sub.add_parser("confirm", help="retrain the top N pilot bases at the larger budget and check the decision",
+                       description="Run the pilot runner on the top N bases of RUN_DIR/selection.json with the "
+                                   "confirmation recipe into RUN_DIR/confirm, rank them with the same plan and write "
+                                   "confirm.json (Kendall tau, every reversal, whether the decision held).")
+    c.add_argument("run_dir", metavar="RUN_DIR")
+    c.add_argument("--recipe", required=True, help="confirmation recipe, e.g. recipes/confirm.yaml")
+    c.add_argument("--top", type=int, default=2, help="how many pilot bases to confirm (default 2)")
+    c.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides (dotted keys)")
+    c.add_argument("--device", default="auto")
+    c.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    c.set_defaults(func=_cmd_confirm)
+
+    r = sub.add_parser("run", help="run the whole pipeline from one YAML config (resumable)",
+                       description="ladder -> score -> dynamics -> shortlist -> plan lock -> pilot (+ transfer) -> "
+                                   "select -> confirm -> report. A stage whose outputs are complete and whose inputs "
+                                   "are unchanged (OUT/run_state.json) is skipped. Example: recipes/demo.yaml.")
+    r.add_argument("config", metavar="CONFIG", help="pipeline config YAML, e.g. recipes/demo.yaml")
+    r.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides (dotted keys, YAML values)")
+    r.add_argument("--force", nargs="*", default=None, metavar="STAGE",
+                   help="rerun these stages (no names: every stage) even if up to date")
+    r.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    r.set_defaults(func=_cmd_run)

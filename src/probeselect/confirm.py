@@ -1,0 +1,171 @@
+"""Confirm a pilot selection at the intended, larger post-training budget.
+
+``confirm(run_dir, recipe, top=N)`` takes the top N bases of ``run_dir/selection.json``
+(the pilot ranking: eligible bases by primary value, then the rest), trains them again
+with :func:`probeselect.pilot.run_pilot` under ``recipe`` (same matching guarantees:
+one data manifest per seed for every base) into ``run_dir/confirm/``, ranks them with the
+same plan (primary metric, constraints, bootstrap, tie margin) and writes
+``run_dir/confirm.json``:
+
+* ``kendall_tau``: Kendall tau-b between the pilot and confirmation values of the N bases
+  (primary metric, oriented so higher = better; +1 = same order);
+* ``reversals``: every pair whose order flipped, named with both values at both budgets;
+* ``held``: whether the pilot decision held: the pilot's recommended base is also the
+  best eligible base at confirmation. ``None`` when the pilot named no winner.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ._io import atomic_write_json, canonical_json_hash, sha256_file
+from .errors import SelectionError
+from .manifest import base_manifest
+from .plan import selection_spec_from_dict
+from .select import Ranking, load_pilot_tables, rank_bases, records
+
+__all__ = ["ConfirmResult", "confirm", "compare_rankings", "base_paths"]
+
+
+@dataclass
+class ConfirmResult:
+    ranking: Ranking
+    kendall_tau: float | None
+    reversals: list[dict[str, Any]]
+    held: bool | None
+    statement: str
+    record: dict[str, Any]
+    json_path: Path
+
+
+def _load_pilot_fn() -> Callable[..., Any]:
+    try:
+        from .pilot import run_pilot
+    except ImportError as exc:
+        raise SelectionError(f"probeselect.pilot is not available ({exc}); the confirmation needs the pilot runner.") from None
+    return run_pilot
+
+
+def base_paths(run_dir: Path, names: Sequence[str]) -> list[Path]:
+    """Checkpoint folders of ``names``: from the score manifest, else the pilot manifest."""
+    found: dict[str, Path] = {}
+    man = run_dir / "manifest.json"
+    if man.is_file():
+        for c in json.loads(man.read_text(encoding="utf-8")).get("checkpoints", []):
+            if c.get("name") and c.get("path"):
+                found[str(c["name"])] = Path(c["path"])
+    pman = run_dir / "pilot" / "manifest.json"
+    if pman.is_file():
+        bases = json.loads(pman.read_text(encoding="utf-8")).get("bases", [])
+        for b in bases if isinstance(bases, list) else []:
+            if isinstance(b, dict) and b.get("path"):
+                found.setdefault(str(b.get("name") or Path(b["path"]).name), Path(b["path"]))
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise SelectionError(f"{run_dir}: cannot find the checkpoint folder of {missing[0]!r} in manifest.json or "
+                             "pilot/manifest.json; re-score the ladder or pass base paths.")
+    return [found[n] for n in names]
+
+
+def compare_rankings(pilot: dict[str, float], confirm: dict[str, float], direction: str
+                     ) -> tuple[float | None, list[dict[str, Any]]]:
+    """Kendall tau-b of the two value sets (oriented) and every reversed pair, pilot order first."""
+    from scipy.stats import kendalltau
+
+    sign = 1.0 if direction == "higher" else -1.0
+    names = sorted(pilot, key=lambda b: -sign * pilot[b])
+    p = np.array([sign * pilot[b] for b in names])
+    c = np.array([sign * confirm[b] for b in names])
+    tau = None
+    if len(names) >= 2 and np.ptp(p) > 0 and np.ptp(c) > 0:
+        tau = float(kendalltau(p, c).statistic)
+    rev = []
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            if sign * pilot[a] > sign * pilot[b] and sign * confirm[a] < sign * confirm[b]:
+                rev.append({"pilot_ahead": a, "confirm_ahead": b, "pilot": {a: pilot[a], b: pilot[b]},
+                            "confirm": {a: confirm[a], b: confirm[b]}})
+    return tau, rev
+
+
+def confirm(run_dir: str | Path, recipe: str | Path, *, top: int = 2, overrides: Sequence[str] = (),
+            out_dir: str | Path | None = None, progress: bool = True, device: str = "auto") -> ConfirmResult:
+    """Retrain the top ``top`` pilot bases under ``recipe`` and check the pilot decision.
+
+    Needs ``run_dir/selection.json`` (``probeselect select``). Writes ``run_dir/confirm/``
+    (pilot layout) and ``run_dir/confirm.json``; see the module docstring.
+    """
+    run_dir = Path(run_dir)
+    sel_path = run_dir / "selection.json"
+    if not sel_path.is_file():
+        raise SelectionError(f"{sel_path}: no selection yet; run `probeselect select {run_dir}` first.")
+    if top < 1:
+        raise SelectionError(f"--top must be >= 1, got {top}.")
+    sel = json.loads(sel_path.read_text(encoding="utf-8"))
+    spec = selection_spec_from_dict(sel["selection_plan"], source=str(sel_path))
+    ranked = [b["base"] for b in sel["bases"]]
+    notes: list[str] = []
+    if len(ranked) < top:
+        notes.append(f"only {len(ranked)} piloted bases; confirming all of them (asked for {top}).")
+    chosen = ranked[:top]
+    if len(chosen) < 2:
+        notes.append("one base confirmed: there is no ranking to compare, only whether it still passes the constraints.")
+    out = Path(out_dir) if out_dir is not None else run_dir / "confirm"
+    run_pilot = _load_pilot_fn()
+    run_pilot(base_paths(run_dir, chosen), recipe, out, progress=progress, device=device, overrides=list(overrides))
+
+    tables = load_pilot_tables(out)
+    ranking = rank_bases(tables, spec, bases=chosen)
+    pilot_vals = {b["base"]: b["value"] for b in sel["bases"] if b["base"] in chosen}
+    conf_vals = ranking.table.set_index("base")["value"].to_dict()
+    tau, rev = compare_rankings(pilot_vals, conf_vals, spec.direction)
+    dec = sel["decision"]
+    pilot_rec = dec.get("recommended")
+    if pilot_rec is None:
+        held = None
+        statement = (f"The pilot named no winner ({dec.get('verdict', '?').replace('_', ' ')}); at the confirmation "
+                     f"budget the best eligible base is {ranking.top or 'none'} "
+                     f"({ranking.verdict.replace('_', ' ')}).")
+    elif pilot_rec not in chosen:
+        held = None
+        statement = f"The pilot's recommendation {pilot_rec} was not among the confirmed bases."
+    else:
+        held = ranking.top == pilot_rec
+        statement = (f"The pilot decision {'held' if held else 'did NOT hold'}: {pilot_rec} is "
+                     f"{'still' if held else 'no longer'} the best eligible base at the confirmation budget"
+                     + ("" if held else f" ({ranking.top or 'no base'} is)") +
+                     f"; confirmation verdict: {ranking.verdict.replace('_', ' ')}.")
+    if rev:
+        statement += " Reversals: " + "; ".join(f"{r['pilot_ahead']} was ahead of {r['confirm_ahead']} in the pilot "
+                                                f"but behind at confirmation" for r in rev) + "."
+    recipe_sha = sha256_file(Path(recipe)) if Path(recipe).is_file() else None
+    rec = base_manifest("confirm", {"run_dir": str(run_dir), "recipe": str(recipe), "overrides": list(overrides),
+                                    "top": top, "out_dir": str(out)})
+    rec.update(
+        recipe_sha256=recipe_sha,
+        recipe_key=canonical_json_hash({"recipe": recipe_sha, "overrides": list(overrides)}),
+        selection_sha256=sha256_file(sel_path),
+        post_hoc=bool(sel.get("post_hoc")),
+        bases=chosen,
+        pilot_values=pilot_vals,
+        confirm_values=conf_vals,
+        primary={"metric": spec.primary, "direction": spec.direction},
+        kendall_tau=tau,
+        reversals=rev,
+        pilot_decision={"verdict": dec.get("verdict"), "recommended": pilot_rec},
+        confirm_decision=ranking.summary(spec),
+        confirm_table=records(ranking.table),
+        held=held,
+        statement=statement,
+        notes=notes + ranking.notes,
+        inputs={f"confirm/{k}": v for k, v in tables.hashes().items()},
+    )
+    json_path = run_dir / "confirm.json"
+    atomic_write_json(json_path, rec)
+    return ConfirmResult(ranking=ranking, kendall_tau=tau, reversals=rev, held=held, statement=statement, record=rec,
+                         json_path=json_path)

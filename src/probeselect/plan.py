@@ -1,0 +1,326 @@
+"""The selection plan's final-comparison part and the plan lock that makes it predeclared.
+
+A selection plan (``recipes/selection.yaml``) has two parts. The shortlist part
+(``proxies``, ``constraints``, ``aggregation``, ``k``) is read by
+:mod:`probeselect.shortlist`. The ``selection:`` block, read here, fixes the final
+comparison after matched pilot SFT::
+
+    selection:
+      primary: {metric: task_accuracy, direction: higher}   # a transfer.csv metric
+      constraints:                                          # on seed-mean transfer values
+        - {metric: robust_recovery, min: 0.25}
+        - {metric: termination, min: 0.5}
+      decision: {tie_margin: 0.02}      # in the primary metric's units
+      uncertainty: {bootstrap: 2000, seed: 0, level: 0.95}
+      selection_effect: {random_proxies: null}   # M random proxies; null = the number declared
+
+Lock. ``lock_plan(plan, run_dir)`` writes ``run_dir/plan.lock.json``: the plan's sha256,
+a copy of its text, the UTC time, and every file in ``run_dir`` (except the scoring
+``cache/``) with its size and sha256. :func:`check_lock` compares a plan with the lock
+and returns the reasons a selection would be **post-hoc**:
+
+* the plan's content changed after the lock (a different sha256);
+* outcome files already existed at lock time: any ``transfer*.csv`` / ``transfer*.parquet``
+  anywhere in the run, ``diagnostics.csv`` or ``done.json`` under ``pilot/`` or
+  ``confirm/``, or ``selection.json`` / ``selection.csv`` / ``confirm.json``.
+
+Locking again is refused. ``force=True`` replaces the lock and keeps the old record under
+``previous_locks``; a replacement taken after results exist lists them as outcome files, so
+a lock cannot be quietly moved past the results it should precede.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._io import atomic_write_json, sha256_bytes, sha256_file
+from ._yaml import load_yaml
+from .errors import ProbeSpecError, SelectionError, did_you_mean
+from .manifest import git_state
+from .shortlist import Plan, plan_from_dict
+
+__all__ = ["TransferConstraint", "SelectionSpec", "SelectionPlan", "LockStatus", "load_selection_plan",
+           "selection_spec_from_dict", "lock_plan", "read_lock", "check_lock", "LOCK_NAME", "TRANSFER_METRICS",
+           "is_outcome_file"]
+
+LOCK_NAME = "plan.lock.json"
+# Transfer metrics of probeselect.transfer and their direction (contract; other metric names need `direction`).
+TRANSFER_METRICS = {"task_accuracy": "higher", "task_logprob": "higher", "robust_recovery": "higher",
+                    "termination": "higher", "heldout_loss": "lower", "heldout_bpb": "lower"}
+_SELECTION_KEYS = ("primary", "constraints", "decision", "uncertainty", "selection_effect")
+_SKIP_DIRS = {"cache"}  # the scoring cache: derived parts, not results
+
+
+@dataclass(frozen=True)
+class TransferConstraint:
+    """``metric`` (seed mean over the pilot runs of a base) must be >= ``min`` and/or <= ``max``."""
+
+    metric: str
+    min: float | None = None
+    max: float | None = None
+
+    @property
+    def id(self) -> str:
+        parts = ([f">= {self.min:g}"] if self.min is not None else []) + ([f"<= {self.max:g}"] if self.max is not None else [])
+        return f"{self.metric} {' and '.join(parts)}"
+
+    def passes(self, value: float) -> bool:
+        if value is None or value != value:  # NaN
+            return False
+        return (self.min is None or value >= self.min - 1e-12) and (self.max is None or value <= self.max + 1e-12)
+
+
+@dataclass(frozen=True)
+class SelectionSpec:
+    """The final-comparison part of a plan (see the module docstring)."""
+
+    primary: str = "task_accuracy"
+    direction: str = "higher"
+    constraints: tuple[TransferConstraint, ...] = ()
+    tie_margin: float = 0.0
+    bootstrap: int = 2000
+    seed: int = 0
+    level: float = 0.95
+    random_proxies: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"primary": {"metric": self.primary, "direction": self.direction},
+                "constraints": [{"metric": c.metric, "min": c.min, "max": c.max} for c in self.constraints],
+                "decision": {"rule": "interval_above_margin", "tie_margin": self.tie_margin},
+                "uncertainty": {"bootstrap": self.bootstrap, "seed": self.seed, "level": self.level},
+                "selection_effect": {"random_proxies": self.random_proxies}}
+
+
+@dataclass(frozen=True)
+class SelectionPlan:
+    """A whole plan file: its shortlist part, its selection part, and its identity."""
+
+    shortlist: Plan
+    selection: SelectionSpec
+    path: Path
+    sha256: str
+    text: str
+    declared: bool = True  # False when the file has no `selection:` block (defaults were used)
+
+
+def _num(src: str, where: str, v: Any, *, minimum: float | None = None, integer: bool = False) -> Any:
+    ok = not isinstance(v, bool) and isinstance(v, (int, float)) and v == v and abs(v) != float("inf")
+    if integer:
+        ok = ok and float(v).is_integer()
+    if not ok:
+        raise ProbeSpecError(f"{src}: {where} must be {'an integer' if integer else 'a number'}, got {v!r}.")
+    if minimum is not None and v < minimum:
+        raise ProbeSpecError(f"{src}: {where} must be >= {minimum}, got {v!r}.")
+    return int(v) if integer else float(v)
+
+
+def _only(src: str, where: str, raw: dict, allowed) -> None:
+    for k in raw:
+        if k not in allowed:
+            raise ProbeSpecError(f"{src}: {where}unknown key {k!r}.{did_you_mean(str(k), allowed)} "
+                                 f"Allowed keys: {list(allowed)}.")
+
+
+def selection_spec_from_dict(raw: Any, *, source: str = "<plan>") -> SelectionSpec:
+    """Validate the ``selection:`` block (run-independent checks only)."""
+    src = source
+    if raw is None:
+        return SelectionSpec()
+    if not isinstance(raw, dict):
+        raise ProbeSpecError(f"{src}: `selection:` must be a mapping with primary/constraints/decision.")
+    _only(src, "selection: ", raw, _SELECTION_KEYS)
+    prim = raw.get("primary", {"metric": "task_accuracy"})
+    if isinstance(prim, str):
+        prim = {"metric": prim}
+    if not isinstance(prim, dict) or not isinstance(prim.get("metric"), str):
+        raise ProbeSpecError(f"{src}: selection.primary must be {{metric: NAME, direction: higher|lower}}; "
+                             f"metrics: {list(TRANSFER_METRICS)}.")
+    _only(src, "selection.primary: ", prim, ("metric", "direction"))
+    metric = prim["metric"]
+    direction = prim.get("direction", TRANSFER_METRICS.get(metric))
+    if direction is None:
+        raise ProbeSpecError(f"{src}: selection.primary: {metric!r} is not a built-in transfer metric "
+                             f"({list(TRANSFER_METRICS)}){did_you_mean(metric, TRANSFER_METRICS)}; give its "
+                             "`direction: higher|lower` explicitly.")
+    if direction not in ("higher", "lower"):
+        raise ProbeSpecError(f"{src}: selection.primary.direction must be 'higher' or 'lower', got {direction!r}.")
+    cons_raw = raw.get("constraints") or []
+    if not isinstance(cons_raw, list):
+        raise ProbeSpecError(f"{src}: selection.constraints must be a list of {{metric, min}} / {{metric, max}}.")
+    cons = []
+    for i, c in enumerate(cons_raw):
+        where = f"selection.constraints[{i}]"
+        if not isinstance(c, dict) or not isinstance(c.get("metric"), str):
+            raise ProbeSpecError(f"{src}: {where} must be a mapping like {{metric: termination, min: 0.5}}.")
+        _only(src, f"{where}: ", c, ("metric", "min", "max"))
+        if c.get("min") is None and c.get("max") is None:
+            raise ProbeSpecError(f"{src}: {where} ({c['metric']}) needs `min:` or `max:`.")
+        cons.append(TransferConstraint(
+            metric=c["metric"],
+            min=None if c.get("min") is None else _num(src, f"{where}.min", c["min"]),
+            max=None if c.get("max") is None else _num(src, f"{where}.max", c["max"])))
+    dec = raw.get("decision") or {}
+    if not isinstance(dec, dict):
+        raise ProbeSpecError(f"{src}: selection.decision must be a mapping like {{tie_margin: 0.02}}.")
+    _only(src, "selection.decision: ", dec, ("rule", "tie_margin"))
+    if dec.get("rule", "interval_above_margin") != "interval_above_margin":
+        raise ProbeSpecError(f"{src}: selection.decision.rule: only 'interval_above_margin' is defined "
+                             f"(got {dec.get('rule')!r}).")
+    tie = _num(src, "selection.decision.tie_margin", dec.get("tie_margin", 0.0), minimum=0.0)
+    unc = raw.get("uncertainty") or {}
+    if not isinstance(unc, dict):
+        raise ProbeSpecError(f"{src}: selection.uncertainty must be a mapping like {{bootstrap: 2000, seed: 0}}.")
+    _only(src, "selection.uncertainty: ", unc, ("bootstrap", "seed", "level"))
+    boot = _num(src, "selection.uncertainty.bootstrap", unc.get("bootstrap", 2000), minimum=100, integer=True)
+    seed = _num(src, "selection.uncertainty.seed", unc.get("seed", 0), minimum=0, integer=True)
+    level = _num(src, "selection.uncertainty.level", unc.get("level", 0.95))
+    if not 0.5 <= level < 1:
+        raise ProbeSpecError(f"{src}: selection.uncertainty.level must be in [0.5, 1), got {level}.")
+    null = raw.get("selection_effect") or {}
+    if not isinstance(null, dict):
+        raise ProbeSpecError(f"{src}: selection.selection_effect must be a mapping like {{random_proxies: 4}}.")
+    _only(src, "selection.selection_effect: ", null, ("random_proxies",))
+    m = null.get("random_proxies")
+    m = None if m is None else _num(src, "selection.selection_effect.random_proxies", m, minimum=1, integer=True)
+    return SelectionSpec(primary=metric, direction=direction, constraints=tuple(cons), tie_margin=tie,
+                         bootstrap=boot, seed=seed, level=level, random_proxies=m)
+
+
+def load_selection_plan(path: str | Path) -> SelectionPlan:
+    """Read a plan file: validate both parts and record its sha256 and text."""
+    path = Path(path)
+    raw = load_yaml(path)
+    sl = plan_from_dict(raw, source=str(path), path=path)
+    sel_raw = raw.get("selection") if isinstance(raw, dict) else None
+    sel = selection_spec_from_dict(sel_raw, source=str(path))
+    data = path.read_bytes()
+    return SelectionPlan(shortlist=sl, selection=sel, path=path, sha256=sha256_bytes(data),
+                         text=data.decode("utf-8"), declared=sel_raw is not None)
+
+
+# ---------------------------------------------------------------------------
+# Lock
+# ---------------------------------------------------------------------------
+
+
+def is_outcome_file(rel: str) -> bool:
+    """Whether a run-relative path is a pilot/transfer/selection outcome (module docstring)."""
+    parts = Path(rel).parts
+    name = parts[-1]
+    if name.startswith("transfer") and name.endswith((".csv", ".parquet")):
+        return True
+    if parts[0] in ("pilot", "confirm") and name in ("diagnostics.csv", "done.json"):
+        return True
+    return len(parts) == 1 and name in ("selection.json", "selection.csv", "confirm.json")
+
+
+def _list_files(run_dir: Path) -> list[dict[str, Any]]:
+    out = []
+    for root, dirs, files in os.walk(run_dir):
+        rel_root = Path(root).relative_to(run_dir)
+        if rel_root == Path("."):
+            dirs[:] = [d for d in dirs if d not in _SKIP_DIRS]
+        dirs.sort()
+        for f in sorted(files):
+            rel = (rel_root / f).as_posix()
+            if rel == LOCK_NAME or f.startswith(".") and f.endswith(".tmp"):
+                continue
+            p = Path(root) / f
+            out.append({"path": rel, "size": p.stat().st_size, "sha256": sha256_file(p)})
+    return out
+
+
+@dataclass
+class LockStatus:
+    """What :func:`check_lock` found: ``post_hoc`` with its ``reasons`` (empty when predeclared)."""
+
+    lock: dict[str, Any]
+    plan_path: Path
+    plan_sha256: str
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def post_hoc(self) -> bool:
+        return bool(self.reasons)
+
+
+def read_lock(run_dir: str | Path) -> dict[str, Any]:
+    """The lock record of ``run_dir``; :class:`SelectionError` when there is none."""
+    p = Path(run_dir) / LOCK_NAME
+    if not p.is_file():
+        raise SelectionError(f"{p}: no plan lock. Fix the plan before any pilot result exists and lock it: "
+                             f"`probeselect plan lock recipes/selection.yaml --run {run_dir}`.")
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise SelectionError(f"{p}: not valid JSON ({exc}); the lock is damaged. Restore it from version control.") from None
+
+
+def lock_plan(plan_path: str | Path, run_dir: str | Path, *, force: bool = False) -> dict[str, Any]:
+    """Write ``run_dir/plan.lock.json`` for the plan at ``plan_path`` and return the record.
+
+    Validates the plan first. Refuses when a lock exists unless ``force`` (the old record
+    is kept under ``previous_locks``). The record names the outcome files that already
+    existed (``outcome_files_at_lock``); a non-empty list makes every later selection post-hoc.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise SelectionError(f"{run_dir}: run folder not found; score and shortlist first.")
+    plan = load_selection_plan(plan_path)
+    lock_path = run_dir / LOCK_NAME
+    previous = []
+    if lock_path.is_file():
+        old = read_lock(run_dir)
+        if not force:
+            same = old.get("plan_sha256") == plan.sha256
+            raise SelectionError(
+                f"{lock_path}: the run already has a plan lock from {old.get('locked_utc')} "
+                f"({'same plan' if same else 'a DIFFERENT plan'}, sha256 {str(old.get('plan_sha256'))[:12]}). "
+                "A lock is taken once, before results exist. Pass --force to replace it; the old record is kept "
+                "and a lock taken after pilot results exist marks the selection POST-HOC.")
+        previous = list(old.pop("previous_locks", [])) + [old]
+    files = _list_files(run_dir)
+    outcomes = [f["path"] for f in files if is_outcome_file(f["path"])]
+    record = {
+        "kind": "plan_lock",
+        "locked_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "plan_path": str(plan.path),
+        "plan_sha256": plan.sha256,
+        "plan_text": plan.text,
+        "selection_declared": plan.declared,
+        "selection": plan.selection.to_dict(),
+        "git": git_state(),
+        "files": files,
+        "outcome_files_at_lock": outcomes,
+        "previous_locks": previous,
+    }
+    atomic_write_json(lock_path, record)
+    return record
+
+
+def check_lock(run_dir: str | Path, plan_path: str | Path | None = None) -> LockStatus:
+    """Compare the plan (default: the locked plan's path) with the lock; list post-hoc reasons."""
+    run_dir = Path(run_dir)
+    lock = read_lock(run_dir)
+    path = Path(plan_path) if plan_path is not None else Path(lock.get("plan_path", ""))
+    reasons: list[str] = []
+    if not path.is_file():
+        raise SelectionError(f"{path}: the locked plan file is not there; pass --plan PATH (its sha256 must equal "
+                             f"the lock's {str(lock.get('plan_sha256'))[:12]}).")
+    sha = sha256_file(path)
+    if sha != lock.get("plan_sha256"):
+        reasons.append(f"the plan {path} changed after it was locked on {lock.get('locked_utc')} (sha256 "
+                       f"{str(lock.get('plan_sha256'))[:12]} at lock, {sha[:12]} now)")
+    out = lock.get("outcome_files_at_lock") or []
+    if out:
+        shown = ", ".join(out[:5]) + (f" and {len(out) - 5} more" if len(out) > 5 else "")
+        reasons.append(f"pilot/transfer results already existed when the plan was locked ({shown})")
+    if not lock.get("selection_declared", True):
+        reasons.append("the locked plan had no `selection:` block, so the primary metric and decision rule were "
+                       "not declared (defaults used)")
+    return LockStatus(lock=lock, plan_path=path, plan_sha256=sha, reasons=reasons)

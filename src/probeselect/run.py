@@ -1,0 +1,371 @@
+"""``probeselect run CONFIG``: the whole base-selection pipeline from one YAML config.
+
+Stages, in order (``OUT`` = the config's ``out``; ``RUN`` = ``OUT/score``)::
+
+    ladder     build the toy ladder (``ladder: {toy: {seed: 0}}``) into OUT/ladder, or use a folder
+    score      probeselect score -> RUN/summary.csv, scores.parquet, manifest.json
+    dynamics   RUN/dynamics/
+    shortlist  RUN/shortlist.csv, shortlist.json (the plan's shortlist part)
+    lock       RUN/plan.lock.json (only if absent: a lock is never moved past results)
+    pilot      matched pilot SFT + transfer of the shortlist -> RUN/pilot/
+    select     RUN/selection.json, selection.csv
+    confirm    top N retrained with the confirmation recipe -> RUN/confirm/, RUN/confirm.json
+    report     RUN/report.md, RUN/report.html
+
+Resumable: ``OUT/run_state.json`` records, per stage, a hash of its inputs (its config
+and the sha256 of the files it reads) and the sha256 of its outputs. A stage is skipped
+when the inputs hash is unchanged and its outputs exist with the recorded hashes; an
+upstream change therefore reruns every stage that reads the changed file. The lock
+stage is the exception: it runs only when ``plan.lock.json`` is missing, so editing the
+plan mid-run makes the selection POST-HOC (and stops the run unless
+``select.allow_post_hoc``) instead of silently re-locking.
+
+String values may use ``{out}``, ``{ladder}`` and ``{run}`` (the score folder) and are
+substituted after ``key=value`` overrides. Relative paths resolve against the current
+working directory. ``recipes/demo.yaml`` is the commented example.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import yaml
+
+from ._io import atomic_write_json, canonical_json_hash, sha256_file
+from ._yaml import load_yaml
+from .errors import ProbeselectError, did_you_mean
+
+__all__ = ["RunConfigError", "StageResult", "RunResult", "load_run_config", "run_pipeline", "STAGES"]
+
+STAGES = ("ladder", "score", "dynamics", "shortlist", "lock", "pilot", "select", "confirm", "report")
+_TOP_KEYS = ("out", "ladder", "score", "plan", "pilot", "select", "confirm", "report", "device")
+_SCORE_KEYS = ("probes", "seeds", "n_items", "heldout", "audit_items", "max_batch_tokens", "dtype")
+
+
+class RunConfigError(ProbeselectError):
+    """A pipeline config (``probeselect run CONFIG``) is invalid."""
+
+
+@dataclass
+class StageResult:
+    name: str
+    status: str        # ran | skipped | off
+    seconds: float
+    detail: str = ""
+
+
+@dataclass
+class RunResult:
+    out_dir: Path
+    run_dir: Path
+    stages: list[StageResult] = field(default_factory=list)
+    report: Path | None = None
+
+
+def _apply_overrides(raw: dict, overrides: Sequence[str], src: str) -> dict:
+    out = copy.deepcopy(raw)
+    for ov in overrides:
+        key, sep, text = ov.partition("=")
+        if not sep or not key.strip():
+            raise RunConfigError(f"override {ov!r}: expected key=value, e.g. confirm.top=2.")
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError as exc:
+            raise RunConfigError(f"override {ov!r}: value is not valid YAML ({exc}).") from None
+        parts = key.strip().split(".")
+        if parts[0] not in _TOP_KEYS:
+            raise RunConfigError(f"{src}: override {ov!r}: unknown key {parts[0]!r}.{did_you_mean(parts[0], _TOP_KEYS)}")
+        node = out
+        for p in parts[:-1]:
+            if not isinstance(node.get(p), dict):
+                node[p] = {}
+            node = node[p]
+        node[parts[-1]] = value
+    return out
+
+
+def _substitute(obj: Any, subs: dict[str, str]) -> Any:
+    if isinstance(obj, str):
+        for k, v in subs.items():
+            obj = obj.replace("{" + k + "}", v)
+        return obj
+    if isinstance(obj, list):
+        return [_substitute(x, subs) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _substitute(v, subs) for k, v in obj.items()}
+    return obj
+
+
+def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """Read, override, validate and substitute a pipeline config; returns the resolved dict."""
+    path = Path(path)
+    raw = load_yaml(path, RunConfigError)
+    src = str(path)
+    if not isinstance(raw, dict):
+        raise RunConfigError(f"{src}: a pipeline config must be a YAML mapping; see recipes/demo.yaml.")
+    cfg = _apply_overrides(raw, overrides, src)
+    for k in cfg:
+        if k not in _TOP_KEYS:
+            raise RunConfigError(f"{src}: unknown key {k!r}.{did_you_mean(str(k), _TOP_KEYS)} Allowed: {list(_TOP_KEYS)}.")
+    for k in ("out", "ladder", "score", "plan", "pilot"):
+        if cfg.get(k) is None:
+            raise RunConfigError(f"{src}: `{k}:` is required (see recipes/demo.yaml).")
+    out = Path(str(cfg["out"]))
+    lad = cfg["ladder"]
+    if isinstance(lad, dict):
+        if set(lad) != {"toy"} or not isinstance(lad["toy"], dict):
+            raise RunConfigError(f"{src}: `ladder:` must be a folder path or {{toy: {{seed: 0}}}}.")
+        bad = [k for k in lad["toy"] if k not in ("seed", "steps", "save_every")]
+        if bad:
+            raise RunConfigError(f"{src}: ladder.toy: unknown key {bad[0]!r}; allowed: seed, steps, save_every.")
+        ladder_dir = out / "ladder"
+    elif isinstance(lad, str):
+        ladder_dir = Path(lad)
+    else:
+        raise RunConfigError(f"{src}: `ladder:` must be a folder path or {{toy: {{seed: 0}}}}, got {lad!r}.")
+    sc = cfg["score"]
+    if not isinstance(sc, dict) or not sc.get("probes"):
+        raise RunConfigError(f"{src}: `score:` needs `probes:` (a list of probe spec files).")
+    bad = [k for k in sc if k not in _SCORE_KEYS]
+    if bad:
+        raise RunConfigError(f"{src}: score: unknown key {bad[0]!r}.{did_you_mean(bad[0], _SCORE_KEYS)} "
+                             f"Allowed: {list(_SCORE_KEYS)}.")
+    for k in ("pilot", "confirm"):
+        v = cfg.get(k)
+        if v is None:
+            continue
+        if not isinstance(v, dict) or "recipe" not in v:
+            raise RunConfigError(f"{src}: `{k}:` must be a mapping with `recipe:` (and optional overrides{', top' if k == 'confirm' else ''}).")
+        if not isinstance(v.get("overrides", []) or [], list):
+            raise RunConfigError(f"{src}: {k}.overrides must be a list of key=value strings.")
+    run_dir = out / "score"
+    cfg = _substitute(cfg, {"out": str(out), "ladder": str(ladder_dir), "run": str(run_dir)})
+    cfg["_paths"] = {"out": str(out), "ladder": str(ladder_dir), "run": str(run_dir), "config": src}
+    return cfg
+
+
+# ---------------------------------------------------------------------------
+# Stage machinery
+# ---------------------------------------------------------------------------
+
+
+def _hash_files(paths: Sequence[Path]) -> dict[str, str | None]:
+    return {str(p): sha256_file(p) if Path(p).is_file() else None for p in paths}
+
+
+@dataclass
+class _Stage:
+    name: str
+    inputs: Callable[[], dict]          # evaluated just before the stage (upstream outputs exist by then)
+    outputs: Callable[[], list[Path]]
+    run: Callable[[], str]
+    enabled: bool = True
+
+
+def _state_path(out: Path) -> Path:
+    return out / "run_state.json"
+
+
+def _load_state(out: Path) -> dict:
+    import json
+
+    p = _state_path(out)
+    if p.is_file():
+        try:
+            return json.loads(p.read_text(encoding="utf-8"))
+        except json.JSONDecodeError:
+            pass
+    return {"stages": {}}
+
+
+def _ladder_identity(ladder: Path) -> dict:
+    """What a scored ladder depends on: ladder.json (toy) or each checkpoint's fingerprint and weight files."""
+    from .checkpoints import discover_checkpoints
+
+    if (ladder / "ladder.json").is_file():
+        return {"ladder.json": sha256_file(ladder / "ladder.json")}
+    ckpts = discover_checkpoints(ladder)
+    return {"checkpoints": [{"name": c.name, "fingerprint": c.fingerprint,
+                             "files": {f.name: [f.stat().st_size, f.stat().st_mtime_ns]
+                                       for f in sorted(Path(c.path).glob("*.safetensors"))}} for c in ckpts]}
+
+
+def _load_specs(sc: dict) -> list:
+    from .probes import load_spec
+
+    specs = [load_spec(p) for p in sc["probes"]]
+    n = sc.get("n_items")
+    if n is not None:
+        specs = [dataclasses.replace(s, n_items=min(int(n), s.n_items)) for s in specs]
+    return specs
+
+
+def run_pipeline(config: str | Path, *, overrides: Sequence[str] = (), force: Sequence[str] | None = None,
+                 progress: bool = True, log: Callable[[str], None] | None = None) -> RunResult:
+    """Run (or resume) the pipeline of ``config``; see the module docstring.
+
+    ``force``: stage names to rerun even if up to date (an empty list = every stage).
+    Returns :class:`RunResult` with one :class:`StageResult` per stage.
+    """
+    import sys
+
+    cfg = load_run_config(config, overrides)
+    paths = cfg["_paths"]
+    out, ladder, run = Path(paths["out"]), Path(paths["ladder"]), Path(paths["run"])
+    plan = Path(cfg["plan"])
+    device = cfg.get("device", "auto")
+    log = log or (lambda m: print(m, file=sys.stderr))
+    # `--force` with no names reruns every stage but the lock (a lock is replaced only when named).
+    forced = set(STAGES) - {"lock"} if force is not None and len(force) == 0 else set(force or ())
+    unknown = forced - set(STAGES)
+    if unknown:
+        raise RunConfigError(f"--force: unknown stage {sorted(unknown)[0]!r}; stages: {', '.join(STAGES)}.")
+    sc = cfg["score"]
+    pilot_cfg = cfg["pilot"]
+    conf_cfg = cfg.get("confirm")
+    sel_cfg = cfg.get("select") or {}
+    toy = cfg["ladder"].get("toy") if isinstance(cfg["ladder"], dict) else None
+
+    # -- stage bodies --------------------------------------------------------------------------
+    def do_ladder() -> str:
+        from .toy.ladder import build_toy_ladder
+
+        info = build_toy_ladder(ladder, seed=int(toy.get("seed", 0)), steps=toy.get("steps"),
+                                save_every=toy.get("save_every"), progress=progress)
+        return f"toy ladder in {ladder} (held-out arithmetic accuracy {getattr(info, 'final_heldout_arith_accuracy', float('nan')):.1%})"
+
+    def do_score() -> str:
+        from .score import score_checkpoints
+
+        res = score_checkpoints(ladder, _load_specs(sc), seeds=sc.get("seeds", [0, 1, 2, 3]), out=run,
+                                heldout=sc.get("heldout"), audit_items=int(sc.get("audit_items", 0)),
+                                max_batch_tokens=int(sc.get("max_batch_tokens", 8192)),
+                                dtype=sc.get("dtype", "float32"), device=device, progress=progress)
+        return f"scored {len(res.scored)} checkpoint(s) ({len(res.manifest['checkpoints']) - len(res.scored)} cached)"
+
+    def do_dynamics() -> str:
+        from .dynamics import compute_dynamics
+
+        compute_dynamics(run)
+        return f"{run / 'dynamics'}"
+
+    def do_shortlist() -> str:
+        from .shortlist import shortlist
+
+        res = shortlist(run, plan)
+        if not res.selected:
+            raise ProbeselectError(f"{run / 'shortlist.csv'}: no checkpoint passed the plan {plan}; nothing to pilot. "
+                                   "See the reasons in shortlist.csv.")
+        return "shortlisted " + ", ".join(res.selected)
+
+    def do_lock() -> str:
+        from .plan import lock_plan
+
+        rec = lock_plan(plan, run, force="lock" in forced)
+        return f"locked {plan} (sha256 {rec['plan_sha256'][:12]})"
+
+    def do_pilot() -> str:
+        from .confirm import _load_pilot_fn
+
+        _load_pilot_fn()(run / "shortlist.csv", pilot_cfg["recipe"], run / "pilot", progress=progress, device=device,
+                         overrides=list(pilot_cfg.get("overrides") or []))
+        return f"{run / 'pilot'}"
+
+    def do_select() -> str:
+        from .select import select
+
+        res = select(run, plan_path=plan, allow_post_hoc=bool(sel_cfg.get("allow_post_hoc", False)))
+        r = res.ranking
+        return (("POST-HOC; " if res.post_hoc else "") + f"{r.verdict.replace('_', ' ')}: {r.recommended or r.top}"
+                + (f", P(top beats runner-up) {r.p_top_beats_runner_up:.2f}" if r.p_top_beats_runner_up is not None else ""))
+
+    def do_confirm() -> str:
+        from .confirm import confirm
+
+        res = confirm(run, conf_cfg["recipe"], top=int(conf_cfg.get("top", 2)), overrides=conf_cfg.get("overrides") or [],
+                      progress=progress, device=device)
+        return res.statement
+
+    def do_report() -> str:
+        from .report import write_report
+
+        paths_ = write_report(run)
+        return f"{paths_.md}"
+
+    def files(*names: str) -> list[Path]:
+        return [run / n for n in names]
+
+    pilot_out = files("pilot/transfer.csv", "pilot/transfer_items.parquet", "pilot/diagnostics.csv")
+    stages = [
+        _Stage("ladder", lambda: {"toy": toy}, lambda: [ladder / "ladder.json"], do_ladder, enabled=toy is not None),
+        _Stage("score", lambda: {"ladder": _ladder_identity(ladder), "probes": [s.to_dict() for s in _load_specs(sc)],
+                                 "specs": _hash_files([Path(p) for p in sc["probes"]]),
+                                 "heldout": _hash_files([Path(sc["heldout"])]) if sc.get("heldout") else None,
+                                 "config": {k: v for k, v in sc.items() if k != "probes"}},
+               lambda: files("summary.csv", "scores.parquet", "manifest.json"), do_score),
+        _Stage("dynamics", lambda: _hash_files(files("summary.csv", "scores.parquet")),
+               lambda: files("dynamics/dynamics.csv"), do_dynamics),
+        _Stage("shortlist", lambda: {**_hash_files(files("summary.csv")), "plan": _hash_files([plan])},
+               lambda: files("shortlist.csv", "shortlist.json"), do_shortlist),
+        _Stage("lock", lambda: {}, lambda: files("plan.lock.json"), do_lock),
+        _Stage("pilot", lambda: {"shortlist": _hash_files(files("shortlist.csv")),
+                                 "recipe": _hash_files([Path(pilot_cfg["recipe"])]),
+                                 "overrides": pilot_cfg.get("overrides") or [], "device": device},
+               lambda: pilot_out, do_pilot),
+        _Stage("select", lambda: {"inputs": _hash_files(files("plan.lock.json", "shortlist.csv") + pilot_out),
+                                  "plan": _hash_files([plan]), "select": sel_cfg},
+               lambda: files("selection.json", "selection.csv"), do_select),
+        _Stage("confirm", lambda: {"selection": _hash_files(files("selection.json")), "confirm": conf_cfg,
+                                   "recipe": _hash_files([Path(conf_cfg["recipe"])]) if conf_cfg else None},
+               lambda: files("confirm.json"), do_confirm, enabled=conf_cfg is not None),
+        _Stage("report", lambda: _hash_files(files("selection.json", "confirm.json", "shortlist.json", "summary.csv")),
+               lambda: files("report.md", "report.html"), do_report),
+    ]
+
+    out.mkdir(parents=True, exist_ok=True)
+    state = _load_state(out)
+    state["config"] = {"path": paths["config"], "sha256": sha256_file(Path(paths["config"])),
+                       "overrides": list(overrides)}
+    result = RunResult(out_dir=out, run_dir=run)
+    for st in stages:
+        t0 = time.perf_counter()
+        if not st.enabled:
+            result.stages.append(StageResult(st.name, "off", 0.0, "not configured"))
+            continue
+        rec = state["stages"].get(st.name)
+        outs = st.outputs()
+        if st.name == "lock":
+            up_to_date = (run / "plan.lock.json").is_file()
+            key = None
+        else:
+            key = canonical_json_hash(st.inputs())
+            up_to_date = bool(rec and rec.get("inputs_hash") == key and all(p.is_file() for p in outs)
+                              and rec.get("outputs") == _hash_files(outs))
+        if up_to_date and st.name not in forced:
+            detail = "up to date"
+            if st.name == "lock":
+                from .plan import check_lock
+
+                reasons = check_lock(run, plan).reasons
+                detail = "lock exists" + (f"; selection will be POST-HOC: {'; '.join(reasons)}" if reasons else "")
+            result.stages.append(StageResult(st.name, "skipped", time.perf_counter() - t0, detail))
+            log(f"[run] {st.name}: skipped ({detail})")
+            continue
+        log(f"[run] {st.name}: running")
+        detail = st.run()
+        if key is None:
+            key = canonical_json_hash(st.inputs())
+        secs = time.perf_counter() - t0
+        state["stages"][st.name] = {"inputs_hash": key, "outputs": _hash_files(outs), "seconds": round(secs, 2),
+                                    "completed_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                    "detail": detail}
+        atomic_write_json(_state_path(out), state)
+        result.stages.append(StageResult(st.name, "ran", secs, detail))
+        log(f"[run] {st.name}: done in {secs:.1f}s: {detail}")
+    result.report = run / "report.md"
+    return result

@@ -1,0 +1,89 @@
+"""Synthetic inputs for the selection tests: a scored run (summary/scores/manifest) and
+pilot outputs in the exact contract layout (transfer.csv, transfer_items.parquet,
+diagnostics.csv), so select / confirm / report can be tested without training."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from probeselect._io import atomic_write_csv, atomic_write_json, atomic_write_parquet
+from probeselect.manifest import base_manifest
+from probeselect.tables import summarize_scores
+
+# Per-checkpoint mean margins of two conflict families and a capability family (6 checkpoints).
+STEPS = [10, 20, 30, 40, 50, 60]
+MEANS = {("conf", "a"): [0.5, -0.2, 0.4, 0.9, 0.1, 0.6], ("conf", "b"): [0.3, 0.1, -0.3, 0.8, 0.2, 0.7],
+         ("rel", "x"): [0.2, 0.0, 0.3, 0.7, 0.4, 0.5], ("cap", "x"): [0.1, 0.4, 0.6, 0.8, 0.9, 1.0]}
+
+PLAN = """\
+description: test plan
+proxies:
+  - {family: conf, variant: "*", metric: mean_margin, direction: higher}
+  - {family: rel, variant: x, metric: mean_margin}
+k: 3
+selection:
+  primary: {metric: task_accuracy, direction: higher}
+  constraints:
+    - {metric: termination, min: 0.5}
+  decision: {tie_margin: 0.02}
+  uncertainty: {bootstrap: 500, seed: 0}
+"""
+
+
+def make_score_run(path: Path, steps=STEPS) -> Path:
+    rows = []
+    for (fam, var), means in MEANS.items():
+        for step, m in zip(steps, means):
+            for seed in (0, 1):
+                for i, off in enumerate((-0.4, -0.1, 0.1, 0.4)):
+                    mg = m + off + (0.05 if seed else -0.05)
+                    rows.append(dict(checkpoint=f"checkpoint-{step}", step=step, tokens=step * 64, family=fam,
+                                     variant=var, seed=seed, item_id=f"{fam}/{var}/{i}", margin=mg,
+                                     margin_per_token=mg / 2, correct=mg > 0, candidate_correct=mg > 0.2))
+    scores = pd.DataFrame(rows)
+    summary = summarize_scores(scores, n_boot=50)
+    summary["kind"] = np.where(summary["family"] == "cap", "capability", "conflict")
+    man = base_manifest("score", {"seeds": [0, 1]})
+    man.update(status="complete", seeds=[0, 1], items_hash="abc123",
+               checkpoints=[{"name": f"checkpoint-{s}", "step": s, "tokens": s * 64, "fingerprint": f"fp{s:04d}",
+                             "tokenizer_hash": "tok", "path": f"/ladder/checkpoint-{s}"} for s in steps],
+               probes=[], created_utc="2000-01-01T00:00:00+00:00")
+    path.mkdir(parents=True, exist_ok=True)
+    atomic_write_parquet(path / "scores.parquet", scores)
+    atomic_write_csv(path / "summary.csv", summary)
+    atomic_write_json(path / "manifest.json", man)
+    return path
+
+
+def write_fake_pilot(out: Path, truth: dict[str, dict[str, float]], *, seeds=(0, 1), n_items: int = 60,
+                     rng_seed: int = 0, diagnostics: dict | None = None) -> Path:
+    """Pilot outputs in the contract layout. ``truth[base][metric]`` is the success probability
+    (accuracy-like metrics: Bernoulli per item) or the mean (heldout_loss: normal per item)."""
+    rng = np.random.default_rng(rng_seed)
+    items, transfer, diag = [], [], []
+    for base, metrics in truth.items():
+        for s in seeds:
+            for metric, p in metrics.items():
+                if metric.startswith("heldout"):
+                    vals = rng.normal(p, 0.3, n_items)
+                else:
+                    vals = (rng.random(n_items) < p).astype(float)
+                for i, v in enumerate(vals):
+                    items.append(dict(base=base, seed=s, metric=metric, item_id=f"{metric[:4]}-{i}", kind="task",
+                                      value=float(v)))
+                transfer.append(dict(base=base, seed=s, metric=metric, value=float(vals.mean()), n=n_items))
+            d = dict(base=base, seed=s, steps=40, sup_tokens=4000, clip_fraction=0.1, grad_norm_p50=0.5,
+                     grad_norm_p90=0.9, grad_norm_max=1.5, nonfinite=0, skipped=0, spikes=0, resumes=0,
+                     seconds=3.0, tokens_per_s=1300.0)
+            d.update((diagnostics or {}).get((base, s), {}))
+            diag.append(d)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_csv(out / "transfer.csv", pd.DataFrame(transfer))
+    atomic_write_parquet(out / "transfer_items.parquet", pd.DataFrame(items))
+    atomic_write_csv(out / "diagnostics.csv", pd.DataFrame(diag))
+    atomic_write_json(out / "manifest.json", {"kind": "pilot", "bases": [{"name": b, "path": f"/ladder/{b}"}
+                                                                        for b in truth]})
+    return out

@@ -1,0 +1,137 @@
+"""Selection plan `selection:` block and the plan lock (predeclaration, post-hoc detection)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from probeselect._io import sha256_file
+from probeselect.cli import main
+from probeselect.errors import ProbeSpecError, SelectionError
+from probeselect.plan import (TRANSFER_METRICS, check_lock, is_outcome_file, load_selection_plan, lock_plan,
+                              selection_spec_from_dict)
+from probeselect.shortlist import load_plan
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_repo_plan_declares_the_final_comparison_and_still_shortlists():
+    plan = load_selection_plan(REPO / "recipes" / "selection.yaml")
+    sel = plan.selection
+    assert plan.declared
+    assert sel.primary in TRANSFER_METRICS and sel.direction == TRANSFER_METRICS[sel.primary]
+    assert {c.metric for c in sel.constraints} == {"termination", "robust_recovery"}
+    assert sel.tie_margin > 0 and sel.bootstrap == 2000 and sel.level == pytest.approx(0.95)
+    assert len(plan.sha256) == 64 and "selection:" in plan.text
+    # the shortlist parser accepts the extended file unchanged
+    assert load_plan(REPO / "recipes" / "selection.yaml").k == 3
+
+
+@pytest.mark.parametrize("raw, match", [
+    ({"primary": {"metric": "task_accuracy"}, "tie": 0.1}, "unknown key 'tie'"),
+    ({"primary": {"metric": "task_accuracy", "direction": "up"}}, "direction must be"),
+    ({"primary": {"metric": "my_metric"}}, "give its `direction"),
+    ({"constraints": [{"metric": "termination"}]}, "needs `min:` or `max:`"),
+    ({"decision": {"tie_margin": -0.1}}, "must be >= 0"),
+    ({"decision": {"rule": "majority"}}, "only 'interval_above_margin'"),
+    ({"uncertainty": {"bootstrap": 10}}, "must be >= 100"),
+    ({"uncertainty": {"level": 1.0}}, r"level must be in \[0.5, 1\)"),
+])
+def test_bad_selection_blocks_name_the_problem(raw, match):
+    with pytest.raises(ProbeSpecError, match=match):
+        selection_spec_from_dict(raw, source="plan.yaml")
+
+
+def test_defaults_and_lower_is_better_metrics():
+    s = selection_spec_from_dict({"primary": "heldout_bpb", "constraints": [{"metric": "heldout_loss", "max": 3}]})
+    assert s.direction == "lower" and s.constraints[0].passes(2.9) and not s.constraints[0].passes(3.1)
+    assert not s.constraints[0].passes(float("nan"))
+    assert selection_spec_from_dict(None).primary == "task_accuracy"
+
+
+@pytest.mark.parametrize("rel, outcome", [
+    ("pilot/transfer.csv", True), ("pilot/transfer_items.parquet", True),
+    ("pilot/checkpoint-40/seed0/transfer_items.parquet", True), ("pilot/checkpoint-40/seed0/done.json", True),
+    ("pilot/diagnostics.csv", True), ("confirm/diagnostics.csv", True), ("selection.json", True),
+    ("confirm.json", True), ("pilot/manifest.json", False), ("summary.csv", False), ("shortlist.csv", False),
+    ("dynamics/dynamics.csv", False),
+])
+def test_outcome_files(rel, outcome):
+    assert is_outcome_file(rel) is outcome
+
+
+PLAN = """\
+proxies:
+  - {family: conf, variant: "*", metric: mean_margin}
+  - {family: rel, variant: x, metric: mean_margin}
+selection:
+  primary: {metric: task_accuracy}
+  decision: {tie_margin: 0.0}
+"""
+
+
+@pytest.fixture
+def run(tmp_path):
+    d = tmp_path / "run"
+    (d / "cache").mkdir(parents=True)
+    (d / "summary.csv").write_text("a,b\n1,2\n")
+    (d / "cache" / "part.parquet").write_text("x")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(PLAN)
+    return d, plan
+
+
+def test_lock_records_hash_text_and_files(run):
+    d, plan = run
+    rec = lock_plan(plan, d)
+    on_disk = json.loads((d / "plan.lock.json").read_text())
+    assert on_disk == json.loads(json.dumps(rec))
+    assert rec["plan_sha256"] == sha256_file(plan) and rec["plan_text"] == PLAN
+    assert [f["path"] for f in rec["files"]] == ["summary.csv"]           # cache/ is not a result
+    assert rec["files"][0]["sha256"] == sha256_file(d / "summary.csv")
+    assert rec["outcome_files_at_lock"] == [] and rec["locked_utc"]
+    st = check_lock(d)
+    assert not st.post_hoc and st.reasons == []
+
+
+def test_second_lock_is_refused_and_force_keeps_history(run):
+    d, plan = run
+    lock_plan(plan, d)
+    with pytest.raises(SelectionError, match="already has a plan lock"):
+        lock_plan(plan, d)
+    rec = lock_plan(plan, d, force=True)
+    assert len(rec["previous_locks"]) == 1 and not check_lock(d).post_hoc
+
+
+def test_changed_plan_is_post_hoc(run):
+    d, plan = run
+    lock_plan(plan, d)
+    plan.write_text(PLAN.replace("tie_margin: 0.0", "tie_margin: 0.5"))
+    st = check_lock(d)
+    assert st.post_hoc and "changed after it was locked" in st.reasons[0]
+
+
+def test_lock_after_pilot_results_is_post_hoc(run):
+    d, plan = run
+    (d / "pilot").mkdir()
+    (d / "pilot" / "transfer.csv").write_text("base,seed,metric,value\n")
+    rec = lock_plan(plan, d)
+    assert rec["outcome_files_at_lock"] == ["pilot/transfer.csv"]
+    st = check_lock(d)
+    assert st.post_hoc and "already existed" in st.reasons[0]
+
+
+def test_no_lock_and_missing_plan_are_clear_errors(run, tmp_path):
+    d, plan = run
+    with pytest.raises(SelectionError, match="no plan lock.*plan lock"):
+        check_lock(d)
+    with pytest.raises(SelectionError, match="run folder not found"):
+        lock_plan(plan, tmp_path / "nope")
+
+
+def test_cli_plan_lock(run, capsys):
+    d, plan = run
+    assert main(["plan", "lock", str(plan), "--run", str(d)]) == 0
+    assert (d / "plan.lock.json").is_file() and "locked" in capsys.readouterr().out
+    assert main(["plan", "lock", str(plan), "--run", str(d)]) == 2      # refused, one-line error
+    assert "already has a plan lock" in capsys.readouterr().err
