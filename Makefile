@@ -26,7 +26,7 @@ PROBES := probes/arith_pattern.yaml probes/tmpl_repeated.yaml probes/tmpl_mismat
 	probes/tmpl_flipped.yaml probes/demo/persona_qa.yaml probes/capability/arith_plain.yaml \
 	probes/capability/relation_plain.yaml probes/capability/persona_plain.yaml
 
-# The whole pipeline (recipes/demo.yaml): toy ladder -> score -> dynamics -> shortlist -> plan lock
+# The whole pipeline (recipes/demo.yaml): toy ladder -> score -> average -> dynamics -> shortlist -> plan lock
 # -> pilot SFT + transfer -> select -> confirm -> report; resumable (stages with unchanged inputs
 # are skipped). The example copy in results/example/ is refreshed from it.
 EXAMPLE_FILES := report.md report.html summary.csv shortlist.csv shortlist.json plan.lock.json selection.csv \

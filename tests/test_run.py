@@ -5,6 +5,7 @@ monkeypatched (test_run_end_to_end_with_the_real_pilot uses the real one)."""
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from _selection_fakes import write_fake_pilot
 
@@ -81,7 +82,7 @@ def test_run_skips_up_to_date_stages_and_marks_post_hoc(tmp_path, tiny_ladder, f
     cfg = _config(tmp_path, tiny_ladder)
     res = run_pipeline(cfg, progress=False, log=lambda m: None)
     status = {s.name: s.status for s in res.stages}
-    assert status == {"ladder": "off", "score": "ran", "dynamics": "ran", "shortlist": "ran", "lock": "ran",
+    assert status == {"ladder": "off", "score": "ran", "average": "off", "dynamics": "ran", "shortlist": "ran", "lock": "ran",
                       "pilot": "ran", "select": "ran", "confirm": "ran", "report": "ran"}
     run = tmp_path / "out" / "score"
     for f in ("summary.csv", "shortlist.csv", "plan.lock.json", "pilot/transfer.csv", "selection.json",
@@ -96,7 +97,8 @@ def test_run_skips_up_to_date_stages_and_marks_post_hoc(tmp_path, tiny_ladder, f
 
     # second run: nothing to do
     res2 = run_pipeline(cfg, progress=False, log=lambda m: None)
-    assert {s.name: s.status for s in res2.stages if s.name != "ladder"} == {n: "skipped" for n in state["stages"]}
+    assert {s.name: s.status for s in res2.stages if s.name not in ("ladder", "average")} == {
+        n: "skipped" for n in state["stages"]}
     assert len(fake_pilot) == 2
 
     # a tampered output reruns its stage and everything downstream of it
@@ -143,13 +145,16 @@ def test_run_end_to_end_with_the_real_pilot(tmp_path, tiny_ladder):
     (tmp_path / "plan.yaml").write_text(PLAN.replace("k: 2", "k: 3").replace("task_accuracy", "task_logprob")
                                         .replace("min: 0.5", "min: 0.0"))
     cfg["score"]["n_items"] = 2
+    cfg["average"] = {"window": 4}  # 8 checkpoints -> 5 averages, scored into RUN/averaged
     cfg["pilot"]["overrides"] = small + ["budget.optimizer_steps=2", "checkpointing.every=2"]
     cfg["confirm"]["overrides"] = small + ["budget.optimizer_steps=3", "checkpointing.every=3"]
     p = tmp_path / "e2e.yaml"
     p.write_text(json.dumps(cfg))
     res = run_pipeline(p, progress=False, log=lambda m: None)
-    assert [s.status for s in res.stages] == ["off"] + ["ran"] * 8
+    assert [s.status for s in res.stages] == ["off"] + ["ran"] * 9
     run = tmp_path / "out" / "score"
+    avg = pd.read_csv(run / "averaged" / "summary.csv")
+    assert avg["checkpoint"].nunique() == 5 and (tmp_path / "out" / "ladder-avg4").is_dir()
     sel = json.loads((run / "selection.json").read_text())
     assert sel["status"] == "predeclared" and len(sel["bases"]) == 3
     assert sel["decision"]["verdict"] in ("winner", "no_clear_winner")
@@ -159,3 +164,4 @@ def test_run_end_to_end_with_the_real_pilot(tmp_path, tiny_ladder):
     assert len(diag) == 1 + 3
     md = (run / "report.md").read_text()
     assert "## Run correctness" in md and "| base | seed | steps |" in md
+    assert "## Averaging vs raw" in md

@@ -4,6 +4,8 @@ Stages, in order (``OUT`` = the config's ``out``; ``RUN`` = ``OUT/score``)::
 
     ladder     build the toy ladder (``ladder: {toy: {seed: 0}}``) into OUT/ladder, or use a folder
     score      probeselect score -> RUN/summary.csv, scores.parquet, manifest.json
+    average    optional (``average: {window: K}``): average K consecutive checkpoints into
+               OUT/ladder-avgK and score them -> RUN/averaged/ (compared in the report)
     dynamics   RUN/dynamics/
     shortlist  RUN/shortlist.csv, shortlist.json (the plan's shortlist part)
     lock       RUN/plan.lock.json (only if absent: a lock is never moved past results)
@@ -42,8 +44,8 @@ from .errors import ProbeselectError, did_you_mean
 
 __all__ = ["RunConfigError", "StageResult", "RunResult", "load_run_config", "run_pipeline", "STAGES"]
 
-STAGES = ("ladder", "score", "dynamics", "shortlist", "lock", "pilot", "select", "confirm", "report")
-_TOP_KEYS = ("out", "ladder", "score", "plan", "pilot", "select", "confirm", "report", "device")
+STAGES = ("ladder", "score", "average", "dynamics", "shortlist", "lock", "pilot", "select", "confirm", "report")
+_TOP_KEYS = ("out", "ladder", "score", "average", "plan", "pilot", "select", "confirm", "report", "device")
 _SCORE_KEYS = ("probes", "seeds", "n_items", "heldout", "audit_items", "max_batch_tokens", "dtype")
 
 
@@ -135,6 +137,14 @@ def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str
     if bad:
         raise RunConfigError(f"{src}: score: unknown key {bad[0]!r}.{did_you_mean(bad[0], _SCORE_KEYS)} "
                              f"Allowed: {list(_SCORE_KEYS)}.")
+    avg = cfg.get("average")
+    if avg is not None:
+        if not isinstance(avg, dict) or any(k not in ("window", "out") for k in avg):
+            raise RunConfigError(f"{src}: `average:` must be a mapping with `window:` (an integer >= 2) and optional "
+                                 f"`out:` (the averaged ladder folder), or null to skip; got {avg!r}.")
+        w = avg.get("window", 3)
+        if isinstance(w, bool) or not isinstance(w, int) or w < 2:
+            raise RunConfigError(f"{src}: average.window must be an integer >= 2; got {w!r}.")
     for k in ("pilot", "confirm"):
         v = cfg.get(k)
         if v is None:
@@ -248,6 +258,21 @@ def run_pipeline(config: str | Path, *, overrides: Sequence[str] = (), force: Se
                                 dtype=sc.get("dtype", "float32"), device=device, progress=progress)
         return f"scored {len(res.scored)} checkpoint(s) ({len(res.manifest['checkpoints']) - len(res.scored)} cached)"
 
+    avg_cfg = cfg.get("average") or None
+
+    def do_average() -> str:
+        from .average import average_checkpoints
+        from .score import score_checkpoints
+
+        window = int(avg_cfg.get("window", 3))
+        avg_dir = Path(avg_cfg.get("out") or out / f"ladder-avg{window}")
+        average_checkpoints(ladder, window=window, out_dir=avg_dir, progress=progress)
+        res = score_checkpoints(avg_dir, _load_specs(sc), seeds=sc.get("seeds", [0, 1, 2, 3]), out=run / "averaged",
+                                heldout=sc.get("heldout"), audit_items=0,
+                                max_batch_tokens=int(sc.get("max_batch_tokens", 8192)),
+                                dtype=sc.get("dtype", "float32"), device=device, progress=progress)
+        return f"{len(res.manifest['checkpoints'])} averaged checkpoint(s) (window {window}) scored into {run / 'averaged'}"
+
     def do_dynamics() -> str:
         from .dynamics import compute_dynamics
 
@@ -308,6 +333,9 @@ def run_pipeline(config: str | Path, *, overrides: Sequence[str] = (), force: Se
                                  "heldout": _hash_files([Path(sc["heldout"])]) if sc.get("heldout") else None,
                                  "config": {k: v for k, v in sc.items() if k != "probes"}},
                lambda: files("summary.csv", "scores.parquet", "manifest.json"), do_score),
+        _Stage("average", lambda: {"score": _hash_files(files("manifest.json")), "average": avg_cfg},
+               lambda: files("averaged/summary.csv", "averaged/scores.parquet"), do_average,
+               enabled=avg_cfg is not None),
         _Stage("dynamics", lambda: _hash_files(files("summary.csv", "scores.parquet")),
                lambda: files("dynamics/dynamics.csv"), do_dynamics),
         _Stage("shortlist", lambda: {**_hash_files(files("summary.csv")), "plan": _hash_files([plan])},
@@ -323,7 +351,8 @@ def run_pipeline(config: str | Path, *, overrides: Sequence[str] = (), force: Se
         _Stage("confirm", lambda: {"selection": _hash_files(files("selection.json")), "confirm": conf_cfg,
                                    "recipe": _hash_files([Path(conf_cfg["recipe"])]) if conf_cfg else None},
                lambda: files("confirm.json"), do_confirm, enabled=conf_cfg is not None),
-        _Stage("report", lambda: _hash_files(files("selection.json", "confirm.json", "shortlist.json", "summary.csv")),
+        _Stage("report", lambda: _hash_files(files("selection.json", "confirm.json", "shortlist.json", "summary.csv",
+                                                   "averaged/summary.csv")),
                lambda: files("report.md", "report.html"), do_report),
     ]
 
