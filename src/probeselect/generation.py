@@ -33,7 +33,7 @@ import math
 import re
 import string
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any, Iterable, Sequence
 
@@ -67,12 +67,15 @@ class Generation:
 
     ``text`` excludes the stop newline (and anything after it in the stop token) and the
     EOS token; ``terminated`` is False when ``max_new_tokens`` ran out first;
-    ``n_new_tokens`` counts the generated tokens, the stop token included.
+    ``n_new_tokens`` counts the generated tokens, the stop token included; ``stop`` says
+    what ended it: ``"eos"``, ``"newline"`` or None (``terminated`` is ``stop is not None``;
+    it is left out of equality so that ``Generation(text, terminated, n)`` compares by outcome).
     """
 
     text: str
     terminated: bool
     n_new_tokens: int
+    stop: str | None = field(default=None, compare=False)
 
 
 # ---------------------------------------------------------------------------
@@ -191,7 +194,7 @@ def _finish(tokenizer, toks: list[int], reason: str | None) -> Generation:
         text = tokenizer.decode(toks, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         if reason == "newline":
             text = text.split("\n", 1)[0]
-    return Generation(text=text, terminated=reason is not None, n_new_tokens=len(toks))
+    return Generation(text=text, terminated=reason is not None, n_new_tokens=len(toks), stop=reason)
 
 
 def _decode_rows(model, cache, cache_kw, logits0, mask0, pos0, row_prompt, row_sample, uniforms, *,

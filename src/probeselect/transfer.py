@@ -68,20 +68,11 @@ import pandas as pd
 import torch
 
 from .errors import TransferError
-from .generation import (
-    _decode_rows,
-    _eos_ids,
-    _forward_kwargs,
-    _max_positions,
-    _new_cache,
-    _stop_token_mask,
-    normalize_answer,
-)
+from .generation import Generation, greedy_generations, normalize_answer
 from .spans import EncodedPair, encode_pair, score_pairs
 
 __all__ = [
     "METRICS",
-    "Decoded",
     "TransferItems",
     "check_disjoint_from_probes",
     "check_disjoint_from_sft",
@@ -425,76 +416,22 @@ def _unwrap(model):
     return get_base() if callable(get_base) else model
 
 
-@dataclass(frozen=True)
-class Decoded:
-    """A greedy continuation: ``text`` excludes the stop (EOS token, or the newline and
-    what follows it in the stop token); ``stop`` is ``"eos"``, ``"newline"`` or None when
-    ``max_new_tokens`` ran out; ``n_new_tokens`` includes the stop token."""
-
-    text: str
-    stop: str | None
-    n_new_tokens: int
-
-
 @torch.inference_mode()
 def greedy_decode(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 12,
-                  batch_size: int = 32) -> list[Decoded]:
-    """Greedy continuation of every prompt, stopped at EOS or at a newline.
-
-    KV-cached, prompts batched longest first with left padding and explicit position ids
-    (the decode loop is :mod:`probeselect.generation`'s); unlike
-    :func:`~probeselect.generation.greedy_generations` it reports whether EOS or a newline
-    stopped each continuation. Accepts a peft model (decodes through its base model,
-    adapters active).
+                  batch_size: int = 32) -> list[Generation]:
+    """Greedy continuation of every prompt, stopped at EOS or at a newline:
+    :func:`probeselect.generation.greedy_generations` (KV-cached, batched longest first,
+    left padding with explicit position ids); each :class:`~probeselect.generation.Generation`
+    says in ``stop`` whether EOS (``"eos"``), a newline (``"newline"``) or ``max_new_tokens``
+    (None) ended it. Accepts a peft model (decodes through its base model, adapters active).
     """
-    model = _unwrap(model)
     if not prompts:
         return []
-    device = next(model.parameters()).device
-    cache_kw, keep_last = _forward_kwargs(model)
-    eos = _eos_ids(model, tokenizer)
-    max_pos = _max_positions(model)
-    pad_id = getattr(model.config, "pad_token_id", None)
-    if pad_id is None:
-        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    encoded = [list(tokenizer.encode(p)) for p in prompts]
-    for i, ids in enumerate(encoded):
-        if max_pos is not None and len(ids) + max_new_tokens > max_pos:
-            raise TransferError(f"prompt {i} ({prompts[i][:40]!r}...) has {len(ids)} tokens; with "
-                                f"max_new_tokens={max_new_tokens} it exceeds the model's {max_pos} positions.")
-    order = sorted(range(len(prompts)), key=lambda i: (-len(encoded[i]), i))
-    out: list[Decoded | None] = [None] * len(prompts)
-    stop_mask = None
-    for start in range(0, len(order), batch_size):
-        idx = order[start : start + batch_size]
-        width = max(len(encoded[i]) for i in idx)
-        ids = torch.full((len(idx), width), int(pad_id), dtype=torch.long)
-        mask = torch.zeros((len(idx), width), dtype=torch.long)
-        for r, i in enumerate(idx):
-            ids[r, width - len(encoded[i]):] = torch.tensor(encoded[i], dtype=torch.long)
-            mask[r, width - len(encoded[i]):] = 1
-        pos = (mask.cumsum(-1) - 1).clamp_(min=0)
-        ids, mask, pos = ids.to(device), mask.to(device), pos.to(device)
-        cache = _new_cache(model)
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
-                       **{cache_kw: cache}, **keep_last).logits[:, -1, :]
-        if stop_mask is None:
-            stop_mask = _stop_token_mask(tokenizer, logits.shape[-1], device)
-        rows = torch.arange(len(idx))
-        toks, reasons = _decode_rows(model, cache, cache_kw, logits, mask, mask.sum(-1), rows,
-                                     torch.zeros_like(rows), None, temperature=0.0,
-                                     max_new_tokens=max_new_tokens, stop_mask=stop_mask, eos=eos,
-                                     compact_fraction=0.25)
-        for r, i in enumerate(idx):
-            t, why = toks[r], reasons[r]
-            if why == "eos":
-                text = tokenizer.decode(t[:-1], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-            else:
-                text = tokenizer.decode(t, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-                if why == "newline":
-                    text = text.split("\n", 1)[0]
-            out[i] = Decoded(text=text, stop=why, n_new_tokens=len(t))
-    return out  # type: ignore[return-value]
+    try:
+        return greedy_generations(_unwrap(model), tokenizer, list(prompts), max_new_tokens=max_new_tokens,
+                                  batch_size=batch_size)
+    except ValueError as e:  # e.g. a prompt longer than the model's positions
+        raise TransferError(f"transfer generation: {e}. Shorten the prompt or lower transfer.max_new_tokens.") from None
 
 
 def _eos_id(tokenizer) -> int:
