@@ -43,7 +43,7 @@ from typing import Sequence
 import torch
 
 from .errors import ProbeSpecError, ScoringError
-from .spans import _head_only_supported, _model_max_length
+from .spans import _head_only_supported, _model_max_length, _score_targets
 
 __all__ = [
     "NllResult",
@@ -251,28 +251,8 @@ def rolling_loglikelihoods(
     order = sorted(range(len(windows)), key=lambda i: -len(windows[i][1]))
     for b in range(0, len(order), batch_size):
         idx = order[b : b + batch_size]
-        width = max(len(windows[i][1]) for i in idx)
-        ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(idx), width), dtype=torch.long)
-        rows, cols, targets = [], [], []
-        for r, i in enumerate(idx):
-            _, inp, tgt = windows[i]
-            ids[r, : len(inp)] = torch.tensor(inp)
-            mask[r, : len(inp)] = 1
-            rows.extend([r] * len(tgt))
-            cols.extend(range(len(inp) - len(tgt), len(inp)))
-            targets.extend(tgt)
-        ids, mask = ids.to(device), mask.to(device)
-        rows_t = torch.tensor(rows, device=device)
-        cols_t = torch.tensor(cols, device=device)
-        if head_only:
-            hidden = model.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state
-            logits = model.get_output_embeddings()(hidden[rows_t, cols_t])
-        else:
-            logits = model(input_ids=ids, attention_mask=mask).logits[rows_t, cols_t]
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
-        tgt_t = torch.tensor(targets, device=device)
-        token_lp = logprobs.gather(-1, tgt_t[:, None])[:, 0].double().cpu()
+        token_lp, _ = _score_targets(model, [windows[i][1:] for i in idx], pad_id, device, head_only)
+        token_lp = token_lp.double().cpu()
         offset = 0
         for i in idx:
             n = len(windows[i][2])

@@ -102,6 +102,36 @@ def _head_only_supported(model) -> bool:
     return dec is not None and head is not None and dec is not model
 
 
+def _score_targets(model, rows_in: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int, device,
+                   head_only: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad the inputs of ``rows_in`` (``(input_ids, targets)``; the targets are the
+    last ``len(targets)`` next tokens of the input) into one batch and return, for every
+    target token in order, its log-probability (float32) and whether it is the argmax.
+    The LM head runs only at the scored positions when ``head_only``."""
+    width = max(len(inp) for inp, _ in rows_in)
+    ids = torch.full((len(rows_in), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows_in), width), dtype=torch.long)
+    rows, cols, targets = [], [], []
+    for r, (inp, tgt) in enumerate(rows_in):
+        ids[r, : len(inp)] = torch.tensor(list(inp))
+        mask[r, : len(inp)] = 1
+        # positions whose next-token distribution scores a target token
+        rows.extend([r] * len(tgt))
+        cols.extend(range(len(inp) - len(tgt), len(inp)))
+        targets.extend(tgt)
+    ids, mask = ids.to(device), mask.to(device)
+    rows_t = torch.tensor(rows, device=device)
+    cols_t = torch.tensor(cols, device=device)
+    if head_only:
+        hidden = model.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+        logits = model.get_output_embeddings()(hidden[rows_t, cols_t])
+    else:
+        logits = model(input_ids=ids, attention_mask=mask).logits[rows_t, cols_t]
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    tgt_t = torch.tensor(targets, device=device)
+    return logprobs.gather(-1, tgt_t[:, None])[:, 0], logprobs.argmax(-1) == tgt_t
+
+
 @torch.inference_mode()
 def score_pairs(
     model,
@@ -135,33 +165,8 @@ def score_pairs(
     results: list[SpanScore | None] = [None] * len(inputs)
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
-        width = max(len(inputs[i][0]) for i in idx)
-        ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(idx), width), dtype=torch.long)
-        for r, i in enumerate(idx):
-            inp = inputs[i][0]
-            ids[r, : len(inp)] = torch.tensor(inp)
-            mask[r, : len(inp)] = 1
-        ids, mask = ids.to(device), mask.to(device)
-        # Positions whose next-token distribution scores a continuation token.
-        rows, cols, targets = [], [], []
-        for r, i in enumerate(idx):
-            inp, cont = inputs[i]
-            first = len(inp) - len(cont)
-            rows.extend([r] * len(cont))
-            cols.extend(range(first, len(inp)))
-            targets.extend(cont)
-        rows_t = torch.tensor(rows, device=device)
-        cols_t = torch.tensor(cols, device=device)
-        if head_only:
-            hidden = model.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state
-            logits = model.get_output_embeddings()(hidden[rows_t, cols_t])
-        else:
-            logits = model(input_ids=ids, attention_mask=mask).logits[rows_t, cols_t]
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
-        tgt = torch.tensor(targets, device=device)
-        token_lp = logprobs.gather(-1, tgt[:, None])[:, 0].cpu()
-        greedy = (logprobs.argmax(-1) == tgt).cpu()
+        token_lp, greedy = _score_targets(model, [inputs[i] for i in idx], pad_id, device, head_only)
+        token_lp, greedy = token_lp.cpu(), greedy.cpu()
         offset = 0
         for i in idx:
             n = len(inputs[i][1])
