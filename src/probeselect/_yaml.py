@@ -45,3 +45,35 @@ def load_yaml(path: Path, error_cls: type[Exception] = ProbeSpecError) -> Any:
         raise error_cls(f"{path}: invalid YAML: {where}{exc.problem}. Fix the file.") from None
     except yaml.YAMLError as exc:
         raise error_cls(f"{path}: invalid YAML: {exc}") from None
+
+
+def apply_dotted_overrides(raw: dict, overrides, *, top_keys, error_cls: type[Exception], example: str,
+                           unknown_key_message) -> dict:
+    """A deep copy of ``raw`` with ``a.b.c=value`` overrides applied (values parsed as YAML,
+    an empty value is None; missing intermediate mappings are created).
+
+    ``top_keys``: the allowed first components; ``unknown_key_message(override, key)`` gives
+    the error text for another one. ``example`` is shown for an override without ``=``.
+    """
+    import copy
+
+    out = copy.deepcopy(raw)
+    for ov in overrides:
+        key, sep, text = ov.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise error_cls(f"override {ov!r}: expected key=value, e.g. {example}.")
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError as exc:
+            raise error_cls(f"override {ov!r}: value is not valid YAML ({exc}).") from None
+        parts = key.split(".")
+        if parts[0] not in top_keys:
+            raise error_cls(unknown_key_message(ov, parts[0]))
+        node = out
+        for p in parts[:-1]:
+            if not isinstance(node.get(p), dict):
+                node[p] = {}
+            node = node[p]
+        node[parts[-1]] = value
+    return out

@@ -29,17 +29,14 @@ working directory. ``recipes/demo.yaml`` is the commented example.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import yaml
-
 from ._io import atomic_write_json, canonical_json_hash, sha256_file
-from ._yaml import load_yaml
+from ._yaml import apply_dotted_overrides, load_yaml
 from .errors import ProbeselectError, did_you_mean
 
 __all__ = ["RunConfigError", "StageResult", "RunResult", "load_run_config", "run_pipeline", "STAGES"]
@@ -70,25 +67,9 @@ class RunResult:
 
 
 def _apply_overrides(raw: dict, overrides: Sequence[str], src: str) -> dict:
-    out = copy.deepcopy(raw)
-    for ov in overrides:
-        key, sep, text = ov.partition("=")
-        if not sep or not key.strip():
-            raise RunConfigError(f"override {ov!r}: expected key=value, e.g. confirm.top=2.")
-        try:
-            value = yaml.safe_load(text) if text.strip() else None
-        except yaml.YAMLError as exc:
-            raise RunConfigError(f"override {ov!r}: value is not valid YAML ({exc}).") from None
-        parts = key.strip().split(".")
-        if parts[0] not in _TOP_KEYS:
-            raise RunConfigError(f"{src}: override {ov!r}: unknown key {parts[0]!r}.{did_you_mean(parts[0], _TOP_KEYS)}")
-        node = out
-        for p in parts[:-1]:
-            if not isinstance(node.get(p), dict):
-                node[p] = {}
-            node = node[p]
-        node[parts[-1]] = value
-    return out
+    return apply_dotted_overrides(
+        raw, overrides, top_keys=_TOP_KEYS, error_cls=RunConfigError, example="confirm.top=2",
+        unknown_key_message=lambda ov, top: f"{src}: override {ov!r}: unknown key {top!r}.{did_you_mean(top, _TOP_KEYS)}")
 
 
 def _substitute(obj: Any, subs: dict[str, str]) -> Any:

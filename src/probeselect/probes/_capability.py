@@ -87,7 +87,7 @@ from ..toy.world import (
 from ._arithmetic import TEMPLATES as ARITH_TEMPLATES
 from ._items import build_item, ProbeItem, item_rng
 from ._registry import register_family
-from ._templates import CATEGORIES, OPPOSITE_OF, OPPOSITE_WORDS
+from ._templates import CATEGORIES, OPPOSITE_OF, OPPOSITE_WORDS, _check_subset
 from ._templates import VARIANTS as TEMPLATE_VARIANTS
 from ._templates import category_answer as cat_answer
 from ._templates import category_line as cat_line
@@ -105,19 +105,6 @@ PERSONA_PLAIN = "persona_plain"
 
 def _make_item(family, variant, seed, i, prompt, task, foil, distractors, metadata) -> ProbeItem:
     return build_item(family, variant, seed, i, prompt, task, foil, distractors, {"kind": "capability", **metadata})
-
-
-def _check_list(source: str, family: str, key: str, value, allowed, min_len: int) -> None:
-    if (
-        not isinstance(value, list)
-        or len(value) < min_len
-        or any(not isinstance(v, str) or v not in allowed for v in value)
-        or len(set(value)) != len(value)
-    ):
-        raise ProbeSpecError(
-            f"{source}: {family} params.{key} must be a list of at least {min_len} distinct names "
-            f"from {list(allowed)}, got {value!r}."
-        )
 
 
 def _check_n_demos(source: str, family: str, spec: FamilySpec, hi: int, why: str) -> None:
@@ -153,7 +140,7 @@ def _validate_arith(spec: FamilySpec, source: str) -> None:
     lo, hi = p["operand_min"], p["operand_max"]
     if not (isinstance(lo, int) and isinstance(hi, int) and not isinstance(lo, bool) and 0 <= lo < hi):
         raise ProbeSpecError(f"{source}: params.operand_min/operand_max must be integers with 0 <= min < max.")
-    _check_list(source, ARITH_PLAIN, "ops", p["ops"], tuple(_OPWORDS), 1)
+    _check_subset(source, ARITH_PLAIN, "ops", p["ops"], tuple(_OPWORDS), 1)
     _check_n_demos(source, ARITH_PLAIN, spec, 32, "a few-shot prompt, not a table")
 
 
@@ -217,8 +204,8 @@ RELATIONS = ("category", "opposite")
 
 def _validate_relation(spec: FamilySpec, source: str) -> None:
     p = spec.params
-    _check_list(source, RELATION_PLAIN, "relations", p["relations"], RELATIONS, 1)
-    _check_list(source, RELATION_PLAIN, "categories", p["categories"], CATEGORIES, 3)
+    _check_subset(source, RELATION_PLAIN, "relations", p["relations"], RELATIONS, 1)
+    _check_subset(source, RELATION_PLAIN, "categories", p["categories"], CATEGORIES, 3)
     sizes = sorted(len(CATEGORY_MEMBERS[c]) for c in p["categories"])
     hi = min(12, sum(sizes[:-2]) if "category" in p["relations"] else 12)
     _check_n_demos(source, RELATION_PLAIN, spec, hi, "distinct facts that show neither the answer nor the foil")
@@ -316,7 +303,7 @@ def _validate_persona(spec: FamilySpec, source: str) -> None:
         raise ProbeSpecError(
             f"{source}: {PERSONA_PLAIN} params.world_seed must be an integer >= 0 (the toy ladder's seed), got {ws!r}."
         )
-    _check_list(source, PERSONA_PLAIN, "attributes", p["attributes"], PERSON_ATTRIBUTES, 1)
+    _check_subset(source, PERSONA_PLAIN, "attributes", p["attributes"], PERSON_ATTRIBUTES, 1)
     _check_n_demos(source, PERSONA_PLAIN, spec, len(PERSON_ATTRIBUTES) - 1, "QA lines about the other attributes")
 
 

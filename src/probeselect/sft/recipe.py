@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-import yaml
 
 from .._io import canonical_json_hash
-from .._yaml import load_yaml
+from .._yaml import apply_dotted_overrides, load_yaml
 from ..errors import RecipeError, did_you_mean
 
 __all__ = ["Recipe", "OptimizerConfig", "MethodConfig", "load_recipe", "recipe_from_dict", "apply_overrides",
@@ -158,28 +157,10 @@ def _merge(defaults: dict, given: dict) -> dict:
 
 def apply_overrides(raw: dict, overrides: Sequence[str], *, source: str = "<recipe>") -> dict:
     """Return a copy of ``raw`` with ``a.b=value`` overrides applied (values parsed as YAML)."""
-    out = copy.deepcopy(raw)
-    for ov in overrides:
-        key, sep, text = ov.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise RecipeError(f"override {ov!r}: expected key=value, e.g. optimizer.lr=1e-3.")
-        try:
-            value = yaml.safe_load(text) if text.strip() else None
-        except yaml.YAMLError as exc:
-            raise RecipeError(f"override {ov!r}: value is not valid YAML ({exc}).") from None
-        parts = key.split(".")
-        top = parts[0]
-        if top not in _SECTIONS:
-            raise RecipeError(f"override {ov!r}: unknown recipe key {top!r}.{did_you_mean(top, _SECTIONS)} "
-                              f"Known keys: {', '.join(_SECTIONS)}.")
-        node = out
-        for p in parts[:-1]:
-            if not isinstance(node.get(p), dict):
-                node[p] = {}
-            node = node[p]
-        node[parts[-1]] = value
-    return out
+    return apply_dotted_overrides(
+        raw, overrides, top_keys=_SECTIONS, error_cls=RecipeError, example="optimizer.lr=1e-3",
+        unknown_key_message=lambda ov, top: (f"override {ov!r}: unknown recipe key {top!r}."
+                                             f"{did_you_mean(top, _SECTIONS)} Known keys: {', '.join(_SECTIONS)}."))
 
 
 def _err(src: str, where: str, msg: str) -> RecipeError:
