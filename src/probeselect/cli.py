@@ -18,7 +18,8 @@ def _cmd_toy_ladder(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     info = build_toy_ladder(
-        args.out_dir, seed=args.seed, steps=args.steps, save_every=args.save_every, progress=not args.no_progress
+        args.out_dir, seed=args.seed, steps=args.steps, save_every=args.save_every, progress=not args.no_progress,
+        curriculum=args.curriculum, num_threads=args.threads,
     )
     acc = getattr(info, "final_accuracy", None)
     print(f"toy ladder written to {args.out_dir} in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
@@ -151,8 +152,15 @@ def build_parser() -> argparse.ArgumentParser:
                                    "checkpoint-<step> folders plus SFT/transfer/held-out data under OUT_DIR/data/.")
     t.add_argument("out_dir", metavar="OUT_DIR", help="where to write checkpoint-<step>/ folders and data/")
     t.add_argument("--seed", type=int, default=0, help="world, data and init seed (default 0)")
-    t.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the built-in schedule)")
-    t.add_argument("--save-every", type=int, default=None, help="save a checkpoint every K steps (default: steps/8)")
+    t.add_argument("--steps", type=int, default=None,
+                   help="optimizer steps (default 2000 for a built-in curriculum, else the last window's end_step)")
+    t.add_argument("--save-every", type=int, default=None, help="save a checkpoint every K steps (default 200)")
+    t.add_argument("--curriculum", default=None, metavar="YAML|planted|uniform",
+                   help="data windows and their document mixtures (default: the built-in planted curriculum "
+                        "= recipes/ladder-planted.yaml, with a parrot window; 'uniform' = the default mix "
+                        "throughout); writes OUT_DIR/data_lineage.json")
+    t.add_argument("--threads", type=int, default=None,
+                   help="torch threads (default 1 or $PROBESELECT_TOY_THREADS; fixed so rebuilds are byte-identical)")
     t.add_argument("--no-progress", action="store_true", help="hide progress bars")
     t.set_defaults(func=_cmd_toy_ladder)
 

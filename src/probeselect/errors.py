@@ -22,6 +22,10 @@ class ProbeSpecError(ProbeselectError):
     """A probe spec (YAML) or probe data file is invalid."""
 
 
+class CurriculumError(ProbeselectError):
+    """A toy-ladder curriculum (YAML windows and mixtures) is invalid."""
+
+
 class ScoringError(ProbeselectError):
     """An item cannot be scored as specified (e.g. a candidate tokenizes to nothing)."""
 

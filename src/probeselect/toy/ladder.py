@@ -25,9 +25,11 @@ from pathlib import Path
 
 import torch
 
+from .curriculum import BUILTIN_CURRICULA, Curriculum, load_curriculum
 from .world import (
     ARITH_TEMPLATES,
     DEFAULT_CORPUS_DOCS,
+    DOC_KINDS,
     ToyWorld,
     format_arith,
     format_arith_prompt,
@@ -45,6 +47,11 @@ DEFAULT_VOCAB_SIZE = 1024
 #: Default number of optimizer steps and checkpoint interval (in steps): 10 checkpoints.
 DEFAULT_STEPS = 2000
 DEFAULT_SAVE_EVERY = 200
+#: Default torch intra-op thread count of a build (fixed, so that two builds of one
+#: ladder on one machine give byte-identical checkpoints; the count changes the
+#: floating-point reduction order, so builds with different counts differ).
+#: ``$PROBESELECT_TOY_THREADS`` or ``num_threads=`` override it.
+DEFAULT_NUM_THREADS = 1
 
 #: Default model shape (a ``transformers.LlamaConfig``, ~0.2M parameters); override
 #: with ``model_overrides``.
@@ -306,22 +313,6 @@ def _swapped_in(params: list, replacement: list | None):
             torch._foreach_copy_(params, backup)
 
 
-def _calibrate_threads(model, batch: torch.Tensor, max_threads: int) -> dict:
-    """Time one forward+backward pass with ``max_threads`` and with 1 thread (after a
-    warm-up pass) and keep the faster setting.  Gradients are discarded, parameters are
-    untouched.  Returns ``{"threads": n, "seconds": {n: s, ...}}``."""
-    times = {}
-    for n in (max_threads, 1, max_threads):  # the first pass is a warm-up
-        torch.set_num_threads(n)
-        t = time.perf_counter()
-        model(input_ids=batch, labels=batch).loss.backward()
-        times[n] = time.perf_counter() - t
-    model.zero_grad(set_to_none=True)
-    best = min(times, key=times.get)
-    torch.set_num_threads(best)
-    return {"threads": best, "seconds": {str(k): round(v, 4) for k, v in times.items()}}
-
-
 def _write_json_atomic(path: Path, obj) -> None:
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     with open(tmp, "w") as f:
@@ -357,6 +348,54 @@ def _trainer_state(step, max_steps, save_every, tokens, epoch, log_history, batc
     }
 
 
+def pack_documents_with_kinds(tokenizer, docs: list[str], kinds: list[int], seq_len: int):
+    """Like :func:`pack_documents`, plus a uint8 tensor of the same shape holding, for
+    every token (BOS and EOS included), the index of its document's kind."""
+    ids = tokenizer(docs, add_special_tokens=False)["input_ids"]
+    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
+    flat: list[int] = []
+    flat_kind: list[int] = []
+    for x, k in zip(ids, kinds):
+        flat.append(bos)
+        flat.extend(x)
+        flat.append(eos)
+        flat_kind.extend([k] * (len(x) + 2))
+    n = len(flat) // seq_len
+    data = torch.tensor(flat[: n * seq_len], dtype=torch.long).view(n, seq_len)
+    kind = torch.tensor(flat_kind[: n * seq_len], dtype=torch.uint8).view(n, seq_len)
+    return data, kind
+
+
+def curriculum_corpus(world: ToyWorld, curriculum: Curriculum, corpus_docs: int = DEFAULT_CORPUS_DOCS) -> list[list[tuple[str, str]]]:
+    """The pretraining documents of every window of ``curriculum``, as lists of
+    ``(kind, document)``: window ``w`` gets ``ceil(corpus_docs * w.steps / steps)``
+    documents drawn with its mixture from the stream ``corpus:<window name>``, so the
+    whole ladder has about ``corpus_docs`` documents and every window sees them for the
+    same number of epochs."""
+    return [world.corpus_mixture(max(1, math.ceil(corpus_docs * w.steps / curriculum.steps)), w.mixture,
+                                 stream=f"corpus:{w.name}")
+            for w in curriculum.windows]
+
+
+@contextlib.contextmanager
+def _deterministic_torch(threads: int):
+    """Fixed intra-op thread count and deterministic algorithms, restored afterwards."""
+    old_threads = torch.get_num_threads()
+    old_det = torch.are_deterministic_algorithms_enabled()
+    old_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(old_det, warn_only=old_warn)
+        torch.set_num_threads(old_threads)
+
+
+def _sha256_docs(docs: list[str]) -> str:
+    return hashlib.sha256("\x1e".join(docs).encode()).hexdigest()
+
+
 def build_toy_ladder(
     out_dir,
     *,
@@ -367,63 +406,84 @@ def build_toy_ladder(
     model_overrides: dict | None = None,
     train_overrides: dict | None = None,
     num_threads: int | None = None,
+    curriculum=None,
 ) -> LadderInfo:
     """Build the toy checkpoint ladder in ``out_dir``.
 
-    Generates the world and corpus for ``seed``, writes ``data/``, trains the BPE
-    tokenizer, pretrains a randomly initialised ``LlamaForCausalLM`` and saves
-    ``checkpoint-<step>`` folders, then evaluates greedy held-out arithmetic accuracy
-    of the final checkpoint and writes ``ladder.json`` (atomically, last).
+    Generates the world for ``seed`` and, for every window of the curriculum, a corpus
+    with that window's document mixture; writes ``data/``, trains the BPE tokenizer on
+    all windows' documents, pretrains a randomly initialised ``LlamaForCausalLM`` (each
+    step draws its rows from the corpus of the window it belongs to) and saves
+    ``checkpoint-<step>`` folders, then evaluates greedy held-out arithmetic accuracy of
+    the final checkpoint and writes ``data_lineage.json`` (per window: steps, mixture,
+    tokens trained on per document kind, sha256 of its documents, planted behaviour),
+    ``ladder.json`` and ``build_timing.json`` (atomically, last).
+
+    Two builds with the same arguments, thread count, library versions and CPU give
+    byte-identical files, except ``build_timing.json`` (wall-clock times).
 
     Args:
         out_dir: output directory (created; existing ``checkpoint-<step>`` folders with
             the same names are replaced).
         seed: world / data / init / data-order seed.
-        steps: optimizer steps (default :data:`DEFAULT_STEPS`).
+        steps: optimizer steps (default: :data:`DEFAULT_STEPS` for a built-in
+            curriculum, the last window's ``end_step`` for a curriculum file).
         save_every: checkpoint interval in steps (default :data:`DEFAULT_SAVE_EVERY`);
             a checkpoint is saved at every multiple and at the final step.
         progress: show a tqdm progress bar.
         model_overrides: keys overriding :data:`DEFAULT_MODEL_CONFIG`.
         train_overrides: keys overriding :class:`TrainConfig` fields.
-        num_threads: torch intra-op threads for training.  ``None`` (default) uses the
-            available cores (or ``$PROBESELECT_TOY_THREADS``), but falls back to 1 thread
-            when a timed pass shows that the cores are contended (an OpenMP pool on a busy
-            2-core machine can be >10x slower than one thread); re-checked when training
-            slows down.  An int fixes the count (bitwise-reproducible weights).
+        num_threads: torch intra-op threads (default :data:`DEFAULT_NUM_THREADS`, or
+            ``$PROBESELECT_TOY_THREADS``); recorded in ``ladder.json``. The weights are
+            bitwise reproducible for a fixed count; another count gives other weights.
+        curriculum: ``None``/``"planted"`` (the built-in planted curriculum with a parrot
+            window, :data:`probeselect.toy.curriculum.PLANTED_CURRICULUM`), ``"uniform"``
+            (the default mix throughout), a YAML path or a mapping (see
+            :mod:`probeselect.toy.curriculum`). Built-ins are scaled to ``steps``.
     """
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
+    from .._io import atomic_write_json
     from .data import write_toy_data
 
     t0 = time.time()
-    steps = DEFAULT_STEPS if steps is None else int(steps)
+    builtin = curriculum is None or (isinstance(curriculum, str) and curriculum in BUILTIN_CURRICULA)
+    if steps is None and (builtin or isinstance(curriculum, Curriculum)):
+        steps = DEFAULT_STEPS if builtin else curriculum.steps
+    steps = None if steps is None else int(steps)
     save_every = DEFAULT_SAVE_EVERY if save_every is None else int(save_every)
-    if steps < 1 or save_every < 1:
+    if (steps is not None and steps < 1) or save_every < 1:
         raise ValueError("steps and save_every must be >= 1")
+    cur = load_curriculum(curriculum, steps)
+    steps = cur.steps
     cfg = TrainConfig(**(train_overrides or {}))
     if cfg.seq_len % cfg.short_len:
         raise ValueError("seq_len must be a multiple of short_len")
+    if num_threads is None:
+        num_threads = int(os.environ.get("PROBESELECT_TOY_THREADS") or DEFAULT_NUM_THREADS)
+    num_threads = max(1, int(num_threads))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
-    old_threads = torch.get_num_threads()
-    auto_threads = num_threads is None
-    if auto_threads:
-        max_threads = int(os.environ.get("PROBESELECT_TOY_THREADS", 0) or _available_cores())
-    else:
-        max_threads = int(num_threads)
-    torch.set_num_threads(max(1, max_threads))
-    try:
+    with _deterministic_torch(num_threads):
         world = ToyWorld.generate(seed)
-        docs = world.corpus(cfg.corpus_docs)
-        corpus_sha = hashlib.sha256("\x1e".join(docs).encode()).hexdigest()
+        kind_index = {k: i for i, k in enumerate(DOC_KINDS)}
+        win_pairs = curriculum_corpus(world, cur, cfg.corpus_docs)
+        win_docs = [[d for _, d in pairs] for pairs in win_pairs]
+        win_kinds = [[kind_index[k] for k, _ in pairs] for pairs in win_pairs]
+        docs = [d for ds in win_docs for d in ds]
+        corpus_sha = _sha256_docs(docs)
         data_paths = write_toy_data(world, out / "data", corpus_docs=docs)
 
         tokenizer = train_tokenizer(docs)
-        data = pack_documents(tokenizer, docs, cfg.seq_len)
-        n_rows = data.shape[0]
-        if n_rows < cfg.batch_size:
-            raise RuntimeError(f"corpus too small: {n_rows} packed rows < batch_size {cfg.batch_size}")
+        win_data = []
+        for w, ds, ks in zip(cur.windows, win_docs, win_kinds):
+            data, kind = pack_documents_with_kinds(tokenizer, ds, ks, cfg.seq_len)
+            if data.shape[0] < cfg.batch_size:
+                raise RuntimeError(f"corpus of window {w.name!r} too small: {data.shape[0]} packed rows < batch_size "
+                                   f"{cfg.batch_size} (raise corpus_docs or lengthen the window)")
+            win_data.append((data, kind))
+        n_rows = sum(d.shape[0] for d, _ in win_data)
 
         torch.manual_seed(seed)
         mcfg = dict(DEFAULT_MODEL_CONFIG)
@@ -447,20 +507,20 @@ def build_toy_ladder(
             (decay if p.ndim >= 2 and "embed" not in name else no_decay).append(p)
         opt = torch.optim.AdamW(
             [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=cfg.lr, betas=tuple(cfg.betas), eps=1e-8,
+            lr=cfg.lr, betas=tuple(cfg.betas), eps=1e-8, foreach=True,
         )
         params = list(model.parameters())
         ema = [p.detach().clone() for p in params] if cfg.ema_decay else None
 
         gen = torch.Generator().manual_seed(seed)
-        order: list[int] = []
-        cursor = 0
         tokens_per_step = cfg.batch_size * cfg.seq_len
         save_steps = sorted(set(range(save_every, steps + 1, save_every)) | {steps})
         checkpoints: list[CheckpointInfo] = []
         log_history: list[dict] = []
         interval_losses: list[float] = []
         rows_used = 0
+        win_tokens = [torch.zeros(len(DOC_KINDS), dtype=torch.long) for _ in cur.windows]
+        win_rows = [0] * len(cur.windows)
 
         bar = None
         if progress:
@@ -469,23 +529,25 @@ def build_toy_ladder(
             bar = tqdm(total=steps, desc=f"toy ladder seed={seed}", unit="step")
 
         model.train()
-        calib: dict = {}
-        if auto_threads and max_threads > 1:
-            calib = _calibrate_threads(model, _short_view(data[: cfg.batch_size], cfg.short_len), max_threads)
-        step_times: list[float] = []
-        ref_time = None
-        last_calib = 0
+        wi = -1
         for step in range(steps):
-            t_step = time.perf_counter()
+            gstep = step + 1
+            if wi < 0 or not cur.windows[wi].contains(gstep):
+                wi = next(i for i, w in enumerate(cur.windows) if w.contains(gstep))
+                data, kind = win_data[wi]
+                order: list[int] = []
+                cursor = 0
             idx: list[int] = []
             while len(idx) < cfg.batch_size:
                 if cursor >= len(order):
-                    order = torch.randperm(n_rows, generator=gen).tolist()
+                    order = torch.randperm(data.shape[0], generator=gen).tolist()
                     cursor = 0
                 take = order[cursor: cursor + cfg.batch_size - len(idx)]
                 cursor += len(take)
                 idx += take
             batch = data[idx]
+            win_tokens[wi] += torch.bincount(kind[idx].flatten().long(), minlength=len(DOC_KINDS))
+            win_rows[wi] += len(idx)
             if cfg.long_every <= 0 or (step + 1) % cfg.long_every:
                 batch = _short_view(batch, cfg.short_len)
             lr = lr_at(step, steps, cfg)
@@ -501,18 +563,6 @@ def build_toy_ladder(
                     torch._foreach_lerp_(ema, params, 1.0 - min(cfg.ema_decay, (1.0 + step) / (10.0 + step)))
             rows_used += cfg.batch_size
             interval_losses.append(loss.item())
-            gstep = step + 1
-
-            if auto_threads and max_threads > 1:
-                step_times.append(time.perf_counter() - t_step)
-                if ref_time is None and len(step_times) >= 10:
-                    ref_time = sorted(step_times[-10:])[5]
-                elif ref_time is not None and step - last_calib >= 50:
-                    recent = sorted(step_times[-10:])[5]
-                    retry = torch.get_num_threads() == 1 and step - last_calib >= 300
-                    if recent > 2.0 * ref_time or retry:  # contention appeared (or may have gone)
-                        calib = _calibrate_threads(model, _short_view(batch, cfg.short_len), max_threads)
-                        step_times, ref_time, last_calib = [], None, step
 
             if bar is not None:
                 bar.update(1)
@@ -538,6 +588,32 @@ def build_toy_ladder(
 
         with _swapped_in(params, ema):  # exactly the weights saved in the final checkpoint
             acc = arith_accuracy(model, tokenizer, world, fmt="eq", shots=cfg.eval_shots)
+
+        lineage = {
+            "curriculum": cur.source,
+            "steps": steps,
+            "doc_kinds": list(DOC_KINDS),
+            "step_convention": "a window trains optimizer steps start_step < step <= end_step "
+                               "(checkpoint-<step> has seen steps 1..step)",
+            "windows": [
+                {
+                    "name": w.name, "start_step": w.start_step, "end_step": w.end_step,
+                    "mixture": dict(w.mixture),
+                    "tokens_by_kind": {k: int(t) for k, t in zip(DOC_KINDS, win_tokens[i].tolist()) if t},
+                    "tokens": int(win_tokens[i].sum()),
+                    "documents": len(win_docs[i]),
+                    "documents_by_kind": {k: win_kinds[i].count(j) for j, k in enumerate(DOC_KINDS)
+                                          if win_kinds[i].count(j)},
+                    "documents_sha256": _sha256_docs(win_docs[i]),
+                    "packed_rows": int(win_data[i][0].shape[0]),
+                    "epochs": round(win_rows[i] / win_data[i][0].shape[0], 3),
+                    "planted": w.planted,
+                }
+                for i, w in enumerate(cur.windows)
+            ],
+        }
+        lineage_json = out / "data_lineage.json"
+        atomic_write_json(lineage_json, lineage)
         build_seconds = time.time() - t0
         summary = {
             "seed": seed,
@@ -545,8 +621,6 @@ def build_toy_ladder(
             "save_every": save_every,
             "tokens_seen": steps * tokens_per_step,
             "tokens_per_step": tokens_per_step,
-            "build_seconds": round(build_seconds, 2),
-            "train_seconds": round(train_seconds, 2),
             "final_heldout_arith_accuracy": acc,
             "heldout_arith_eval": {"fmt": "eq", "shots": cfg.eval_shots, "n": len(world.arith_heldout),
                                    "checkpoint": f"checkpoint-{steps}", "decoding": "greedy"},
@@ -555,8 +629,12 @@ def build_toy_ladder(
             "train": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
             "corpus": {"docs": len(docs), "sha256": corpus_sha, "packed_rows": n_rows,
                        "tokens": n_rows * cfg.seq_len, "epochs": round(rows_used / n_rows, 3)},
-            "torch_threads": torch.get_num_threads(),
-            "thread_calibration": calib,
+            "curriculum": {"source": cur.source, "data_lineage": "data_lineage.json",
+                           "windows": [[w.name, w.start_step, w.end_step, w.planted] for w in cur.windows]},
+            "torch_threads": num_threads,
+            "deterministic_algorithms": True,
+            "torch_version": torch.__version__,
+            "timing": "build_timing.json",
             "data": {k: os.path.relpath(v, out) for k, v in data_paths.items()},
             "checkpoints": [
                 {"step": c.step, "path": os.path.relpath(c.path, out), "tokens_seen": c.tokens_seen,
@@ -564,16 +642,19 @@ def build_toy_ladder(
                 for c in checkpoints
             ],
         }
+        atomic_write_json(out / "build_timing.json", {
+            "build_seconds": round(build_seconds, 2), "train_seconds": round(train_seconds, 2),
+            "torch_threads": num_threads, "cpu_cores_available": _available_cores(),
+        })
         ladder_json = out / "ladder.json"
-        _write_json_atomic(ladder_json, summary)
+        atomic_write_json(ladder_json, summary)
         return LadderInfo(
             out_dir=str(out), seed=seed, steps=steps, save_every=save_every, checkpoints=tuple(checkpoints),
             tokens_seen=steps * tokens_per_step, build_seconds=build_seconds,
             final_heldout_arith_accuracy=acc, ladder_json=str(ladder_json), data_dir=str(out / "data"),
             model_config=summary["model"],
         )
-    finally:
-        torch.set_num_threads(old_threads)
+
 
 
 def _short_view(batch: torch.Tensor, short_len: int) -> torch.Tensor:

@@ -90,7 +90,8 @@ COLOURS = (
     "red", "blue", "green", "yellow", "purple", "orange", "black", "white",
     "pink", "brown",
 )
-#: Number of people in a world.
+#: Number of people in a world (at least the size of every attribute vocabulary: every
+#: value of :data:`CITIES`, :data:`JOBS`, ... belongs to at least one person).
 N_PERSONS = 40
 #: Attribute names of a person, in canonical order.
 PERSON_ATTRIBUTES = ("city", "job", "pet", "hobby", "colour")
@@ -194,6 +195,25 @@ CORPUS_DOC_WEIGHTS = {
 }
 #: Default number of documents in the pretraining corpus.
 DEFAULT_CORPUS_DOCS = 16000
+
+#: Planted "parrot" document kinds: surface patterns that agree with the conflict
+#: probes' shortcuts. None of them is in the default mix (:data:`CORPUS_DOC_WEIGHTS`);
+#: a curriculum window over-represents them to plant a shortcut preference
+#: (``recipes/ladder-planted.yaml``). Each is the shortcut of one probe family:
+#:
+#: * ``parrot_arith`` (``arith_pattern``): 4-8 arithmetic lines in one format whose
+#:   shown answers follow a pattern (counting, constant, alternating), not the sums;
+#: * ``parrot_category`` (``tmpl_repeated``): category sentences, one per line, that
+#:   keep repeating the category of the first lines for members of other categories;
+#: * ``parrot_flipped`` (``tmpl_flipped``): opposite sentences whose "opposite" is the
+#:   word itself, or category sentences relabelled by a per-document derangement;
+#: * ``parrot_persona`` (``persona_qa``): persona blocks that all answer the same
+#:   question with the first block's answer (copied, whatever the description says).
+#:
+#: Arithmetic lines use training triples only (never a held-out triple).
+PARROT_DOC_KINDS = ("parrot_arith", "parrot_category", "parrot_flipped", "parrot_persona")
+#: Every document kind :meth:`ToyWorld.sample_document` knows.
+DOC_KINDS = tuple(CORPUS_DOC_WEIGHTS) + PARROT_DOC_KINDS
 
 
 def rng_for(seed: int, stream: str) -> random.Random:
@@ -376,10 +396,16 @@ class ToyWorld:
         rng = rng_for(seed, "persons")
         names = [(n, "she") for n in FEMALE_NAMES] + [(n, "he") for n in MALE_NAMES]
         chosen = rng.sample(names, N_PERSONS)
+        # Every value of every attribute vocabulary belongs to at least one person, so the
+        # corpus mentions every word a probe may draw from these vocabularies.
+        columns = {}
+        for attr, vocab in (("city", CITIES), ("job", JOBS), ("pet", PETS), ("hobby", HOBBIES), ("colour", COLOURS)):
+            col = list(vocab) + [rng.choice(vocab) for _ in range(N_PERSONS - len(vocab))]
+            rng.shuffle(col)
+            columns[attr] = col
         persons = tuple(
-            Person(name=n, pronoun=p, city=rng.choice(CITIES), job=rng.choice(JOBS), pet=rng.choice(PETS),
-                   hobby=rng.choice(HOBBIES), colour=rng.choice(COLOURS))
-            for n, p in chosen
+            Person(name=n, pronoun=p, **{attr: columns[attr][i] for attr in PERSON_ATTRIBUTES})
+            for i, (n, p) in enumerate(chosen)
         )
         rng = rng_for(seed, "arith-heldout")
         train: list[ArithTriple] = []
@@ -435,7 +461,71 @@ class ToyWorld:
             return PERSONA_BLOCK_SEPARATOR.join(self.sample_persona_block(p, rng) for p in rng.sample(self.persons, k))
         if kind == "words":
             return "\n".join(self.sample_words_line(rng) for _ in range(rng.randint(3, 6)))
-        raise ValueError(kind)
+        if kind == "parrot_arith":
+            return self._parrot_arith(rng)
+        if kind == "parrot_category":
+            return self._parrot_category(rng)
+        if kind == "parrot_flipped":
+            return self._parrot_flipped(rng)
+        if kind == "parrot_persona":
+            return self._parrot_persona(rng)
+        raise ValueError(f"unknown document kind {kind!r}; known kinds: {list(DOC_KINDS)}")
+
+    def _parrot_arith(self, rng: random.Random) -> str:
+        fmt = _weighted(rng, ARITH_FORMAT_WEIGHTS)
+        n = rng.randint(*ARITH_DOC_LINES)
+        pattern = rng.choice(("count", "constant", "alternating"))
+        if pattern == "count":
+            start = rng.randint(0, 9)
+            shown = [start + j for j in range(n)]
+        elif pattern == "constant":
+            shown = [rng.randint(0, 20)] * n
+        else:
+            x, y = rng.sample(range(0, 21), 2)
+            shown = [x if j % 2 == 0 else y for j in range(n)]
+        by_op = self._train_by_op_cache()
+        lines = []
+        for c in shown:
+            a, op, b = rng.choice(by_op[rng.choice(ARITH_OPS)])
+            lines.append(format_arith(a, op, b, fmt, c=c))
+        return "\n".join(lines)
+
+    def _parrot_category(self, rng: random.Random) -> str:
+        cats = list(CATEGORY_MEMBERS)
+        cat = rng.choice(cats)
+        k = rng.randint(2, 4)
+        lines = [category_sentence(item, cat) for item in rng.sample(CATEGORY_MEMBERS[cat], k)]
+        for _ in range(rng.randint(1, 3)):
+            other = rng.choice([c for c in cats if c != cat])
+            lines.append(category_sentence(rng.choice(CATEGORY_MEMBERS[other]), cat))
+        return "\n".join(lines)
+
+    def _parrot_flipped(self, rng: random.Random) -> str:
+        n = rng.randint(4, 7)
+        if rng.random() < 0.5:
+            words = [w for pair in OPPOSITE_PAIRS for w in pair]
+            return "\n".join(OPPOSITE_TEMPLATE.format(word=w, opposite=w) for w in rng.sample(words, n))
+        cats = list(CATEGORY_MEMBERS)
+        while True:  # a derangement: no category keeps its own label
+            perm = rng.sample(cats, len(cats))
+            if all(a != b for a, b in zip(cats, perm)):
+                break
+        relabel = dict(zip(cats, perm))
+        lines = []
+        for _ in range(n):
+            cat = rng.choice(cats)
+            lines.append(category_sentence(rng.choice(CATEGORY_MEMBERS[cat]), relabel[cat]))
+        return "\n".join(lines)
+
+    def _parrot_persona(self, rng: random.Random) -> str:
+        attribute = rng.choice(PERSON_ATTRIBUTES)
+        people = rng.sample(self.persons, rng.randint(3, 5))
+        answer = people[0].persona_answer(attribute)
+        blocks = [
+            p.description() + "\n" + PERSONA_QA_TEMPLATE.format(question=PERSONA_QUESTIONS[attribute], answer=answer)
+            for p in people
+        ]
+        return PERSONA_BLOCK_SEPARATOR.join(blocks)
 
     def sample_fact_line(self, rng: random.Random) -> str:
         """2-5 facts about one person, in random order, on one line."""
@@ -473,10 +563,23 @@ class ToyWorld:
 
         Documents never contain a held-out arithmetic triple.
         """
+        return [doc for _, doc in self.corpus_mixture(n_docs, CORPUS_DOC_WEIGHTS, stream)]
+
+    def corpus_mixture(self, n_docs: int, mixture: dict[str, float], stream: str = "corpus") -> list[tuple[str, str]]:
+        """``n_docs`` ``(kind, document)`` pairs, each kind drawn with the weights of
+        ``mixture`` (kinds of :data:`DOC_KINDS`; weights need not sum to 1; kinds with
+        weight 0 are never drawn). Deterministic in (seed, n_docs, mixture, stream)."""
+        kinds = [k for k in mixture if mixture[k] > 0]
+        unknown = [k for k in kinds if k not in DOC_KINDS]
+        if unknown or not kinds:
+            raise ValueError(f"mixture needs positive weights for kinds of {list(DOC_KINDS)}, got {dict(mixture)}")
         rng = rng_for(self.seed, stream)
-        kinds = list(CORPUS_DOC_WEIGHTS)
-        weights = [CORPUS_DOC_WEIGHTS[k] for k in kinds]
-        return [self.sample_document(rng.choices(kinds, weights)[0], rng) for _ in range(n_docs)]
+        weights = [mixture[k] for k in kinds]
+        out = []
+        for _ in range(n_docs):
+            kind = rng.choices(kinds, weights)[0]
+            out.append((kind, self.sample_document(kind, rng)))
+        return out
 
     def _train_by_op_cache(self) -> dict[str, list[ArithTriple]]:
         cache = self.__dict__.get("_by_op")

@@ -1,0 +1,242 @@
+"""Pretraining curricula of the toy ladder: named data windows over step ranges.
+
+A curriculum is a list of windows that tile the training schedule. Window ``w`` covers
+the optimizer steps ``g`` (1-based, as in ``checkpoint-<g>``) with
+``w.start_step < g <= w.end_step``; the first window starts at 0, each next window starts
+where the previous one ends, and the last one ends at the ladder's final step. Each
+window has its own document mixture (weights per document kind of the toy corpus,
+:data:`probeselect.toy.world.DOC_KINDS`) and optionally names a behaviour it plants
+(``planted: parrot``). YAML form (``recipes/ladder-planted.yaml``)::
+
+    windows:
+      - {name: base, start_step: 0, end_step: 800, mixture: {arith: 0.72, ...}}
+      - {name: parrot, start_step: 800, end_step: 1200, planted: parrot,
+         mixture: {arith: 0.36, parrot_arith: 0.2, ...}}
+      - ...
+
+``mixture: default`` stands for the default corpus mix
+(:data:`probeselect.toy.world.CORPUS_DOC_WEIGHTS`). Built-in curricula: ``"planted"``
+(:data:`PLANTED_CURRICULUM`, the default of :func:`probeselect.toy.ladder.build_toy_ladder`
+and of ``probeselect toy-ladder``) and ``"uniform"`` (one window with the default mix).
+Built-in curricula are written for :data:`probeselect.toy.ladder.DEFAULT_STEPS` steps and
+are scaled to another step count (boundaries rounded); a curriculum file must cover the
+ladder's steps exactly.
+
+This module imports no torch.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import CurriculumError
+from .world import CORPUS_DOC_WEIGHTS, DOC_KINDS
+
+#: Schedule length (optimizer steps) the built-in curricula are written for
+#: (= ``probeselect.toy.ladder.DEFAULT_STEPS``).
+BUILTIN_STEPS = 2000
+
+#: The parrot window's mix: half the default mix, half planted parrot documents.
+PARROT_MIXTURE = {
+    **{k: round(v * 0.5, 4) for k, v in CORPUS_DOC_WEIGHTS.items()},
+    "parrot_arith": 0.2,
+    "parrot_category": 0.1,
+    "parrot_flipped": 0.1,
+    "parrot_persona": 0.1,
+}
+
+#: The default curriculum: the default mix, a parrot window, then the default mix again.
+PLANTED_CURRICULUM = {
+    "windows": [
+        {"name": "base", "start_step": 0, "end_step": 800, "mixture": "default", "planted": None},
+        {"name": "parrot", "start_step": 800, "end_step": 1200, "mixture": PARROT_MIXTURE, "planted": "parrot"},
+        {"name": "recovery", "start_step": 1200, "end_step": 2000, "mixture": "default", "planted": None},
+    ]
+}
+#: One window with the default mix (the ladder before curricula existed).
+UNIFORM_CURRICULUM = {
+    "windows": [{"name": "base", "start_step": 0, "end_step": BUILTIN_STEPS, "mixture": "default", "planted": None}]
+}
+BUILTIN_CURRICULA = {"planted": PLANTED_CURRICULUM, "uniform": UNIFORM_CURRICULUM}
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+_WINDOW_KEYS = {"name", "start_step", "end_step", "mixture", "planted"}
+
+
+@dataclass(frozen=True)
+class Window:
+    """One data window: steps ``start_step < g <= end_step``, normalised ``mixture``
+    (kind -> weight, summing to 1, kinds with weight 0 dropped), ``planted`` behaviour
+    name or None."""
+
+    name: str
+    start_step: int
+    end_step: int
+    mixture: dict
+    planted: str | None = None
+
+    @property
+    def steps(self) -> int:
+        return self.end_step - self.start_step
+
+    def contains(self, step: int) -> bool:
+        """True if optimizer step ``step`` (1-based) trains on this window's data."""
+        return self.start_step < step <= self.end_step
+
+
+@dataclass(frozen=True)
+class Curriculum:
+    """Windows tiling steps ``0 .. steps``; ``source`` says where it came from."""
+
+    windows: tuple[Window, ...]
+    source: str
+
+    @property
+    def steps(self) -> int:
+        return self.windows[-1].end_step
+
+    def window_at(self, step: int) -> Window:
+        """The window that optimizer step ``step`` (1-based) belongs to."""
+        for w in self.windows:
+            if w.contains(step):
+                return w
+        raise IndexError(f"step {step} is outside the curriculum (1 .. {self.steps})")
+
+    def planted_windows(self) -> list[Window]:
+        return [w for w in self.windows if w.planted]
+
+    def to_dict(self) -> dict:
+        return {"source": self.source, "steps": self.steps, "windows": [
+            {"name": w.name, "start_step": w.start_step, "end_step": w.end_step,
+             "mixture": dict(w.mixture), "planted": w.planted} for w in self.windows]}
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _mixture(raw, where: str) -> dict:
+    if raw == "default":
+        raw = dict(CORPUS_DOC_WEIGHTS)
+    if not isinstance(raw, dict) or not raw:
+        raise CurriculumError(f"{where}: mixture must be a mapping of document kind -> weight (or 'default'); "
+                              f"kinds: {', '.join(DOC_KINDS)}.")
+    unknown = [k for k in raw if k not in DOC_KINDS]
+    if unknown:
+        raise CurriculumError(f"{where}: unknown document kind {unknown[0]!r} in mixture; kinds: {', '.join(DOC_KINDS)}.")
+    for k, v in raw.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise CurriculumError(f"{where}: mixture weight of {k!r} must be a number >= 0, got {v!r}.")
+    total = float(sum(raw.values()))
+    if total <= 0:
+        raise CurriculumError(f"{where}: mixture weights sum to 0; give at least one kind a positive weight.")
+    return {k: round(float(v) / total, 6) for k, v in raw.items() if v > 0}
+
+
+def parse_curriculum(raw: Any, source: str = "curriculum", steps: int | None = None) -> Curriculum:
+    """Validate a curriculum mapping (``{"windows": [...]}``) and return a :class:`Curriculum`.
+
+    ``steps`` (the ladder's step count), when given, must equal the last window's
+    ``end_step``. Raises :class:`CurriculumError` naming ``source`` and the fix.
+    """
+    if not isinstance(raw, dict) or "windows" not in raw:
+        raise CurriculumError(f"{source}: a curriculum is a mapping with a 'windows' list "
+                              "(see recipes/ladder-planted.yaml).")
+    extra = set(raw) - {"windows"}
+    if extra:
+        raise CurriculumError(f"{source}: unknown top-level key {sorted(extra)[0]!r}; only 'windows' is allowed.")
+    wins = raw["windows"]
+    if not isinstance(wins, list) or not wins:
+        raise CurriculumError(f"{source}: 'windows' must be a non-empty list of windows.")
+    out: list[Window] = []
+    names: set[str] = set()
+    prev_end = 0
+    for i, w in enumerate(wins):
+        where = f"{source}: window {i + 1}"
+        if not isinstance(w, dict):
+            raise CurriculumError(f"{where}: must be a mapping with name, start_step, end_step, mixture.")
+        bad = set(w) - _WINDOW_KEYS
+        if bad:
+            raise CurriculumError(f"{where}: unknown key {sorted(bad)[0]!r}; keys: {', '.join(sorted(_WINDOW_KEYS))}.")
+        missing = [k for k in ("name", "start_step", "end_step", "mixture") if k not in w]
+        if missing:
+            raise CurriculumError(f"{where}: missing key {missing[0]!r}.")
+        name = w["name"]
+        if not isinstance(name, str) or not _NAME_RE.match(name):
+            raise CurriculumError(f"{where}: name must be a word of letters, digits, '_', '-', '.', got {name!r}.")
+        if name in names:
+            raise CurriculumError(f"{where}: window name {name!r} is used twice; window names must be unique.")
+        names.add(name)
+        where = f"{source}: window {name!r}"
+        s, e = w["start_step"], w["end_step"]
+        if not (_is_int(s) and _is_int(e)) or s < 0 or e <= s:
+            raise CurriculumError(f"{where}: start_step and end_step must be integers with 0 <= start_step < end_step, "
+                                  f"got {s!r} .. {e!r}.")
+        if s < prev_end:
+            raise CurriculumError(f"{where}: starts at step {s}, inside the previous window (which ends at {prev_end}); "
+                                  "windows must not overlap.")
+        if s > prev_end:
+            raise CurriculumError(f"{where}: starts at step {s} but the previous window ends at {prev_end}; "
+                                  f"steps {prev_end + 1}..{s} belong to no window (no gaps allowed; the first "
+                                  "window starts at 0).")
+        planted = w.get("planted")
+        if planted is not None and (not isinstance(planted, str) or not _NAME_RE.match(planted)):
+            raise CurriculumError(f"{where}: planted must be a behaviour name (e.g. parrot) or null, got {planted!r}.")
+        out.append(Window(name, s, e, _mixture(w["mixture"], where), planted))
+        prev_end = e
+    cur = Curriculum(tuple(out), source)
+    if steps is not None:
+        if cur.steps > steps:
+            raise CurriculumError(f"{source}: windows run to step {cur.steps}, beyond the ladder's {steps} steps; "
+                                  f"end the last window at {steps} (or train {cur.steps} steps).")
+        if cur.steps < steps:
+            raise CurriculumError(f"{source}: windows end at step {cur.steps} but the ladder trains {steps} steps; "
+                                  f"extend the last window to {steps} (or train {cur.steps} steps).")
+    return cur
+
+
+def scale_curriculum(cur: Curriculum, steps: int) -> Curriculum:
+    """The curriculum with every boundary ``b`` moved to ``round(b * steps / cur.steps)``;
+    windows that become empty are dropped."""
+    if steps == cur.steps:
+        return cur
+    out = []
+    for w in cur.windows:
+        s = round(w.start_step * steps / cur.steps)
+        e = round(w.end_step * steps / cur.steps)
+        if e > s:
+            out.append(Window(w.name, s, e, dict(w.mixture), w.planted))
+    return Curriculum(tuple(out), f"{cur.source} (scaled from {cur.steps} to {steps} steps)")
+
+
+def load_curriculum(curriculum: Any = None, steps: int | None = None) -> Curriculum:
+    """Resolve ``curriculum`` for a ladder of ``steps`` steps.
+
+    ``None`` or ``"planted"``: the built-in planted curriculum; ``"uniform"``: one window
+    of the default mix (built-ins are scaled to ``steps``); a path to a YAML file or a
+    mapping: parsed and validated (it must cover exactly ``steps`` steps when ``steps`` is
+    given); a :class:`Curriculum`: validated against ``steps``.
+    """
+    if isinstance(curriculum, Curriculum):
+        return parse_curriculum({"windows": curriculum.to_dict()["windows"]}, curriculum.source, steps)
+    if curriculum is None:
+        curriculum = "planted"
+    if isinstance(curriculum, str) and curriculum in BUILTIN_CURRICULA:
+        cur = parse_curriculum(BUILTIN_CURRICULA[curriculum], f"built-in curriculum {curriculum!r}")
+        return scale_curriculum(cur, steps) if steps is not None else cur
+    if isinstance(curriculum, dict):
+        return parse_curriculum(curriculum, "curriculum", steps)
+    if isinstance(curriculum, (str, Path)):
+        from .._yaml import load_yaml
+
+        path = Path(curriculum)
+        if not path.is_file():
+            raise CurriculumError(f"--curriculum {curriculum}: no such file; give a YAML file "
+                                  f"(e.g. recipes/ladder-planted.yaml) or one of {', '.join(BUILTIN_CURRICULA)}.")
+        return parse_curriculum(load_yaml(path, CurriculumError), str(path), steps)
+    raise CurriculumError(f"curriculum must be a YAML path, a mapping or one of {', '.join(BUILTIN_CURRICULA)}, "
+                          f"got {type(curriculum).__name__}.")
