@@ -36,6 +36,7 @@ def main(argv=None) -> int:
     ap.add_argument("--n-items", type=int, default=24)
     ap.add_argument("--gen-samples", type=int, default=None, help="override persona_qa gen_samples (speed)")
     ap.add_argument("--out", default=None, help="score run folder (default LADDER/../<name>-dipscore)")
+    ap.add_argument("--world-seed", type=int, default=0, help="toy seed when LADDER has no ladder.json yet")
     ap.add_argument("--json", default=None, help="write the tables and verdict here")
     args = ap.parse_args(argv)
 
@@ -45,7 +46,10 @@ def main(argv=None) -> int:
     from probeselect.toy.dip import bpb_trajectory, family_trajectories, load_windows, planted_dip
 
     ladder = Path(args.ladder)
-    info = json.loads((ladder / "ladder.json").read_text())
+    lj = ladder / "ladder.json"
+    # a ladder still being built has no ladder.json yet: score what is there (world seed from --world-seed)
+    info = json.loads(lj.read_text()) if lj.is_file() else {"seed": args.world_seed,
+                                                              "final_heldout_arith_accuracy": float("nan")}
     demo = load_yaml(ROOT / "recipes" / "demo.yaml")
     specs = []
     for p in demo["score"]["probes"]:

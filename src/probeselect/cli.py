@@ -222,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Average the weights of every window of K consecutive checkpoints of CKPT_DIR "
                                    "into standard HF folders whose metadata names the sources.")
     a.add_argument("ckpt_dir", metavar="CKPT_DIR", help="a folder of checkpoints")
-    a.add_argument("--window", type=int, required=True, metavar="K", help="checkpoints per average")
+    a.add_argument("--window", type=int, default=5, metavar="K", help="checkpoints per average (default 5)")
     a.add_argument("--out", default=None, help="output folder (default <CKPT_DIR>-avg<K>)")
     a.add_argument("--mode", choices=["sliding", "disjoint"], default="sliding",
                    help="sliding windows (n-K+1 outputs, default) or disjoint windows")

@@ -103,9 +103,10 @@ def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str
     if isinstance(lad, dict):
         if set(lad) != {"toy"} or not isinstance(lad["toy"], dict):
             raise RunConfigError(f"{src}: `ladder:` must be a folder path or {{toy: {{seed: 0}}}}.")
-        bad = [k for k in lad["toy"] if k not in ("seed", "steps", "save_every")]
+        bad = [k for k in lad["toy"] if k not in ("seed", "steps", "save_every", "curriculum")]
         if bad:
-            raise RunConfigError(f"{src}: ladder.toy: unknown key {bad[0]!r}; allowed: seed, steps, save_every.")
+            raise RunConfigError(f"{src}: ladder.toy: unknown key {bad[0]!r}; allowed: seed, steps, save_every, "
+                                 "curriculum.")
         ladder_dir = out / "ladder"
     elif isinstance(lad, str):
         ladder_dir = Path(lad)
@@ -123,7 +124,7 @@ def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str
         if not isinstance(avg, dict) or any(k not in ("window", "out") for k in avg):
             raise RunConfigError(f"{src}: `average:` must be a mapping with `window:` (an integer >= 2) and optional "
                                  f"`out:` (the averaged ladder folder), or null to skip; got {avg!r}.")
-        w = avg.get("window", 3)
+        w = avg.get("window", 5)
         if isinstance(w, bool) or not isinstance(w, int) or w < 2:
             raise RunConfigError(f"{src}: average.window must be an integer >= 2; got {w!r}.")
     for k in ("pilot", "confirm"):
@@ -227,7 +228,7 @@ def run_pipeline(config: str | Path, *, overrides: Sequence[str] = (), force: Se
         from .toy.ladder import build_toy_ladder
 
         info = build_toy_ladder(ladder, seed=int(toy.get("seed", 0)), steps=toy.get("steps"),
-                                save_every=toy.get("save_every"), progress=progress)
+                                save_every=toy.get("save_every"), curriculum=toy.get("curriculum"), progress=progress)
         return f"toy ladder in {ladder} (held-out arithmetic accuracy {getattr(info, 'final_heldout_arith_accuracy', float('nan')):.1%})"
 
     def do_score() -> str:
@@ -245,14 +246,22 @@ def run_pipeline(config: str | Path, *, overrides: Sequence[str] = (), force: Se
         from .average import average_checkpoints
         from .score import score_checkpoints
 
-        window = int(avg_cfg.get("window", 3))
+        window = int(avg_cfg.get("window", 5))
         avg_dir = Path(avg_cfg.get("out") or out / f"ladder-avg{window}")
         average_checkpoints(ladder, window=window, out_dir=avg_dir, progress=progress)
         res = score_checkpoints(avg_dir, _load_specs(sc), seeds=sc.get("seeds", [0, 1, 2, 3]), out=run / "averaged",
                                 heldout=sc.get("heldout"), audit_items=0,
                                 max_batch_tokens=int(sc.get("max_batch_tokens", 8192)),
                                 dtype=sc.get("dtype", "float32"), device=device, progress=progress)
-        return f"{len(res.manifest['checkpoints'])} averaged checkpoint(s) (window {window}) scored into {run / 'averaged'}"
+        msg = f"{len(res.manifest['checkpoints'])} averaged checkpoint(s) (window {window}) scored into {run / 'averaged'}"
+        lineage = Path(ladder) / "data_lineage.json"
+        if lineage.is_file():
+            from .toy.dip import write_averaging_dip
+
+            path = write_averaging_dip(run, run / "averaged", lineage, window_size=window)
+            if path is not None:
+                msg += f"; planted-dip depth raw vs averaged in {path}"
+        return msg
 
     def do_dynamics() -> str:
         from .dynamics import compute_dynamics

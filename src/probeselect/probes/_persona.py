@@ -21,7 +21,10 @@ from the query persona's and from each other's; all of them are listed in
 ``metadata["shortcut_answers"]`` (generations copying any demonstration count as shortcut).
 
 Personas are fictitious combinations of the toy world's vocabularies (the answer is in the
-prompt, so they need not be the world's people). Item ``i`` asks question
+prompt, so they need not be the world's people). Every toy world gives every value of these
+vocabularies to at least one of its people (``ToyWorld.generate``), so every answer word is
+in the pretraining corpus of whichever world the ladder was built from
+(tests/toy/test_vocabulary.py). Item ``i`` asks question
 ``questions[i % len(questions)]`` about persona ``i // len(questions)``; the query persona
 depends only on (family, variant, "query", persona index), the demonstrations are
 resampled per evaluation seed from (family, variant, seed, i).

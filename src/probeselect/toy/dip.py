@@ -32,7 +32,8 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-__all__ = ["family_trajectories", "planted_dip", "averaging_dip", "load_windows", "bpb_trajectory"]
+__all__ = ["family_trajectories", "planted_dip", "averaging_dip", "write_averaging_dip", "load_windows",
+           "bpb_trajectory", "CONFLICT_FAMILIES"]
 
 
 def load_windows(lineage) -> list[dict]:
@@ -152,3 +153,27 @@ def averaging_dip(raw_scores: pd.DataFrame, avg_scores: pd.DataFrame, windows: S
     m["reduction"] = [1.0 - a / r if np.isfinite(r) and r > 0 and np.isfinite(a) else np.nan
                       for r, a in zip(m["depth_raw"], m["depth_avg"])]
     return m
+
+
+#: Conflict families whose planted dip is reported (the toy conflict families).
+CONFLICT_FAMILIES = ("arith_pattern", "tmpl_repeated", "tmpl_flipped", "tmpl_mismatch", "persona_qa")
+
+
+def write_averaging_dip(run_dir, avg_run_dir, lineage, *, window_size: int | None = None,
+                        families: Iterable[str] | None = CONFLICT_FAMILIES) -> Path | None:
+    """Write ``RUN/dynamics/averaging_dip.csv``: :func:`averaging_dip` of the raw run
+    (``run_dir/scores.parquet``) and the averaged run (``avg_run_dir/scores.parquet``) over
+    the planted windows of ``lineage`` (``data_lineage.json``). Returns the path, or None
+    when the lineage has no planted window or a run has no scores."""
+    from .._io import atomic_write_csv
+
+    windows = [w for w in load_windows(lineage) if w.get("planted")]
+    raw_p, avg_p = Path(run_dir) / "scores.parquet", Path(avg_run_dir) / "scores.parquet"
+    if not windows or not raw_p.is_file() or not avg_p.is_file():
+        return None
+    df = averaging_dip(pd.read_parquet(raw_p), pd.read_parquet(avg_p), windows, families=families,
+                       window_size=window_size)
+    path = Path(run_dir) / "dynamics" / "averaging_dip.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_csv(path, df)
+    return path
