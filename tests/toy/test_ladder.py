@@ -147,3 +147,36 @@ def test_full_default_ladder_learns_heldout_arithmetic(tmp_path, seed):
                           ToyWorld.generate(seed))
     assert acc0 < acc - 0.3
     print(f"seed={seed} build_seconds={info.build_seconds:.1f} acc={info.final_heldout_arith_accuracy:.3f}")
+
+
+def test_lineage_records_what_each_window_trained_on(ladder_dir):
+    """data_lineage.json of the tiny planted ladder: windows tile the steps, the parrot
+    window (and only it) trained on parrot documents, in about its corpus's proportions."""
+    from probeselect.toy.world import PARROT_DOC_KINDS
+
+    info = json.loads((ladder_dir / "ladder.json").read_text())
+    lineage = json.loads((ladder_dir / "data_lineage.json").read_text())
+    wins = lineage["windows"]
+    assert [w["name"] for w in wins] == ["base", "parrot", "recovery"]
+    assert [w["planted"] for w in wins] == [None, "parrot", None]
+    assert wins[0]["start_step"] == 0 and wins[-1]["end_step"] == info["steps"] == lineage["steps"]
+    assert all(a["end_step"] == b["start_step"] for a, b in zip(wins, wins[1:]))
+    assert info["curriculum"]["data_lineage"] == "data_lineage.json"
+    for w in wins:
+        assert set(w) >= {"name", "start_step", "end_step", "mixture", "tokens_by_kind", "documents_sha256", "planted"}
+        assert len(w["documents_sha256"]) == 64
+        assert sum(w["mixture"].values()) == pytest.approx(1.0)
+        trained = w["tokens_by_kind"]
+        # every step trains batch_size x seq_len tokens of its own window
+        assert sum(trained.values()) == (w["end_step"] - w["start_step"]) * info["tokens_per_step"]
+        assert set(trained) <= set(w["mixture"])
+        has_parrot = any(k in PARROT_DOC_KINDS for k in trained)
+        assert has_parrot == (w["planted"] == "parrot"), w["name"]
+        corpus = w["corpus_tokens_by_kind"]
+        total, n = sum(corpus.values()), sum(trained.values())
+        for k, t in trained.items():  # sampled rows: shares close to the window corpus's shares
+            assert abs(t / n - corpus[k] / total) < 0.12, (w["name"], k, t / n, corpus[k] / total)
+    parrot = wins[1]
+    share = sum(t for k, t in parrot["tokens_by_kind"].items() if k in PARROT_DOC_KINDS) / sum(
+        parrot["tokens_by_kind"].values())
+    assert share > 0.3

@@ -606,6 +606,9 @@ def build_toy_ladder(
                                           if win_kinds[i].count(j)},
                     "documents_sha256": _sha256_docs(win_docs[i]),
                     "packed_rows": int(win_data[i][0].shape[0]),
+                    "corpus_tokens_by_kind": {
+                        k: int(t) for k, t in zip(DOC_KINDS, torch.bincount(
+                            win_data[i][1].flatten().long(), minlength=len(DOC_KINDS)).tolist()) if t},
                     "epochs": round(win_rows[i] / win_data[i][0].shape[0], 3),
                     "planted": w.planted,
                 }

@@ -1,0 +1,107 @@
+"""probeselect.toy.dip on synthetic score tables (no model)."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from probeselect.toy.dip import averaging_dip, bpb_trajectory, family_trajectories, planted_dip, write_averaging_dip
+
+WINDOWS = [{"name": "base", "start_step": 0, "end_step": 800, "planted": None},
+           {"name": "parrot", "start_step": 800, "end_step": 1200, "planted": "parrot"},
+           {"name": "recovery", "start_step": 1200, "end_step": 2000, "planted": None}]
+STEPS = list(range(200, 2001, 200))
+
+
+def _scores(curves: dict, seeds=(0, 1), n_items=4, noise=0.01, rng=None):
+    rng = rng or np.random.default_rng(0)
+    rows = []
+    for fam, curve in curves.items():
+        for step, v in zip(STEPS, curve):
+            for s in seeds:
+                for i in range(n_items):
+                    rows.append({"checkpoint": f"checkpoint-{step}", "step": step, "family": fam, "seed": s,
+                                 "item_id": f"{fam}/{i}", "margin": v + noise * rng.standard_normal()})
+    return pd.DataFrame(rows)
+
+
+DIPPING = [1, 2, 3, 4, 1, 0.5, 1.5, 3.5, 4.2, 4.5]    # 1000, 1200 and 1400 well below the 800 value
+FLAT = [1, 2, 3, 4, 4.1, 4.2, 4.2, 4.3, 4.4, 4.5]
+ONE_CKPT = [1, 2, 3, 4, 4.1, 1.0, 4.2, 4.3, 4.4, 4.5]  # only 1200 is below
+NO_RECOVERY = [1, 2, 3, 4, 1, 0.5, 0.4, 0.3, 0.5, 0.6]
+
+
+def test_family_trajectories_mean_and_seed_sd():
+    df = _scores({"a": FLAT}, noise=0.0)
+    df.loc[df["seed"] == 1, "margin"] += 0.2
+    t = family_trajectories(df)
+    assert list(t["step"]) == STEPS
+    assert t["value"].iloc[3] == pytest.approx(4.1)
+    assert t["seed_sd"].iloc[3] == pytest.approx(np.std([4.0, 4.2], ddof=1))
+    assert (t["n_seeds"] == 2).all()
+
+
+def test_planted_dip_flags_only_real_recovering_dips():
+    df = _scores({"dip": DIPPING, "flat": FLAT, "one": ONE_CKPT, "norec": NO_RECOVERY})
+    d = planted_dip(family_trajectories(df), WINDOWS).set_index("family")
+    assert list(d["window"].unique()) == ["parrot"]  # only planted windows
+    assert d.loc["dip", "dipped"] and d.loc["dip", "recovered"]
+    assert d.loc["dip", "ref_step"] == 800 and d.loc["dip", "min_step"] == 1200
+    assert d.loc["dip", "region_steps"] == "1000 1200 1400"
+    assert d.loc["dip", "depth"] == pytest.approx(3.5, abs=0.05)
+    assert d.loc["dip", "longest_below_run"] == 3
+    assert not d.loc["flat", "dipped"] and d.loc["flat", "depth"] < 0
+    assert not d.loc["one", "dipped"] and d.loc["one", "longest_below_run"] == 1
+    assert d.loc["norec", "dipped"] and not d.loc["norec", "recovered"]
+
+
+def test_dip_threshold_scales_with_seed_sd():
+    # the same 0.3-nat dip is significant with tiny seed noise but not with large noise
+    small = [1, 2, 3, 4, 3.7, 3.7, 4.2, 4.3, 4.4, 4.5]
+    quiet = planted_dip(family_trajectories(_scores({"a": small}, noise=0.001, n_items=1)), WINDOWS)
+    noisy = planted_dip(family_trajectories(_scores({"a": small}, noise=0.5, n_items=1, rng=np.random.default_rng(3))),
+                        WINDOWS)
+    assert quiet["dipped"].item()
+    assert not noisy["dipped"].item()
+
+
+def test_bpb_dip_uses_lower_is_better():
+    summ = pd.DataFrame({"family": "heldout_nll", "checkpoint": [f"checkpoint-{s}" for s in STEPS], "step": STEPS,
+                         "bits_per_byte": [0.9, 0.8, 0.7, 0.6, 0.9, 0.95, 0.7, 0.6, 0.55, 0.5]})
+    d = planted_dip(bpb_trajectory(summ), WINDOWS, higher_is_better=False)
+    assert d["dipped"].item() and d["recovered"].item()
+    assert d["depth"].item() == pytest.approx(0.35)
+    summ["bits_per_byte"] = np.linspace(0.9, 0.4, 10)
+    assert not planted_dip(bpb_trajectory(summ), WINDOWS, higher_is_better=False)["dipped"].item()
+
+
+def test_averaging_dip_depth_raw_vs_averaged(tmp_path):
+    raw = _scores({"dip": DIPPING, "flat": FLAT})
+    # 5-checkpoint sliding averages (labelled with the last source step), computed on the curves
+    avg_curves = {f: [np.mean(c[i - 4:i + 1]) for i in range(4, 10)] for f, c in {"dip": DIPPING, "flat": FLAT}.items()}
+    rows = []
+    for f, c in avg_curves.items():
+        for step, v in zip(STEPS[4:], c):
+            for s in (0, 1):
+                rows.append({"checkpoint": f"avg5-checkpoint-{step}", "step": step, "family": f, "seed": s,
+                             "item_id": f"{f}/0", "margin": v})
+    avg = pd.DataFrame(rows)
+    m = averaging_dip(raw, avg, WINDOWS, window_size=5).set_index("family")
+    assert m.loc["dip", "k"] == 5
+    assert m.loc["dip", "depth_raw"] == pytest.approx(3.5, abs=0.05)
+    # no average precedes the window: the first average inside it is the reference
+    assert m.loc["dip", "ref_step_avg"] == 1000
+    assert 0 < m.loc["dip", "depth_avg"] < m.loc["dip", "depth_raw"]
+    assert m.loc["dip", "reduction"] == pytest.approx(1 - m.loc["dip", "depth_avg"] / m.loc["dip", "depth_raw"])
+    # written into RUN/dynamics/averaging_dip.csv
+    run, arun = tmp_path / "run", tmp_path / "run" / "averaged"
+    arun.mkdir(parents=True)
+    raw.to_parquet(run / "scores.parquet")
+    avg.to_parquet(arun / "scores.parquet")
+    import json
+
+    (tmp_path / "lineage.json").write_text(json.dumps({"windows": WINDOWS}))
+    path = write_averaging_dip(run, arun, tmp_path / "lineage.json", window_size=5, families=None)
+    csv = pd.read_csv(path)
+    assert path == run / "dynamics" / "averaging_dip.csv"
+    assert set(csv["family"]) == {"dip", "flat"}
+    assert write_averaging_dip(run, tmp_path / "nothing", tmp_path / "lineage.json") is None
