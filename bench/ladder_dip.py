@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     from probeselect._yaml import load_yaml
     from probeselect.probes import load_spec
     from probeselect.score import score_checkpoints
-    from probeselect.toy.dip import bpb_trajectory, family_trajectories, load_windows, planted_dip
+    from probeselect.toy.dip import bpb_trajectory, check_planted_dip, family_trajectories, load_windows
 
     ladder = Path(args.ladder)
     lj = ladder / "ladder.json"
@@ -85,25 +85,19 @@ def main(argv=None) -> int:
     print("\nevaluation-seed sd of the family mean")
     print(sd[[c for c in CONFLICT + CAPABILITY if c in sd]].round(3).to_string())
 
-    dips = planted_dip(traj, windows)
-    dips_bpb = planted_dip(bpb, windows, higher_is_better=False, sd_floor=0.0)
+    res_dip = check_planted_dip(res.scores, res.summary, ladder / "data_lineage.json")
     show = ["window", "family", "ref_step", "ref_value", "min_step", "min_value", "depth", "seed_sd",
             "longest_below_run", "dipped", "last_value", "recovered"]
-    print("\nplanted dips")
-    print(pd.concat([dips, dips_bpb])[show].round(3).to_string(index=False))
-    conf = dips[dips["family"].isin(CONFLICT)]
-    ok_fams = sorted(conf[conf["dipped"] & conf["recovered"]]["family"])
-    cap_dips = sorted(dips[dips["family"].isin(CAPABILITY) & dips["dipped"]]["family"])
-    bpb_dip = bool(dips_bpb["dipped"].any())
-    verdict = {"seed": info["seed"], "families_dipped_and_recovered": ok_fams, "capability_dipped": cap_dips,
-               "bpb_dipped": bpb_dip, "final_heldout_arith": info["final_heldout_arith_accuracy"],
-               "pass": len(ok_fams) >= 2 and not cap_dips and not bpb_dip
-               and info["final_heldout_arith_accuracy"] >= 0.9}
+    print("\nplanted dips (bpb: lower is better; tolerance 1% instead of a seed sd)")
+    print(res_dip["dips"][show].round(3).to_string(index=False))
+    verdict = {"seed": info["seed"], "windows": res_dip["windows"],
+               "final_heldout_arith": info["final_heldout_arith_accuracy"],
+               "pass": res_dip["pass"] and info["final_heldout_arith_accuracy"] >= 0.9}
     print("\nverdict:", json.dumps(verdict))
     if args.json:
         Path(args.json).write_text(json.dumps({"verdict": verdict, "table": wide[cols].reset_index().to_dict("records"),
-                                               "dips": pd.concat([dips, dips_bpb]).to_dict("records")},
-                                              indent=1, default=str))
+                                               "seed_sd": sd.reset_index().to_dict("records"),
+                                               "dips": res_dip["dips"].to_dict("records")}, indent=1, default=str))
     return 0 if verdict["pass"] else 1
 
 

@@ -105,3 +105,24 @@ def test_averaging_dip_depth_raw_vs_averaged(tmp_path):
     assert path == run / "dynamics" / "averaging_dip.csv"
     assert set(csv["family"]) == {"dip", "flat"}
     assert write_averaging_dip(run, tmp_path / "nothing", tmp_path / "lineage.json") is None
+
+
+def test_check_planted_dip_verdict():
+    from probeselect.toy.dip import check_planted_dip
+
+    lineage = {"windows": WINDOWS}
+    summ = pd.DataFrame({"family": "heldout_nll", "checkpoint": [f"checkpoint-{s}" for s in STEPS], "step": STEPS,
+                         "bits_per_byte": np.linspace(0.9, 0.4, 10)})
+    good = _scores({"arith_pattern": DIPPING, "tmpl_mismatch": DIPPING, "persona_qa": FLAT,
+                    "arith_plain": FLAT, "relation_plain": FLAT})
+    v = check_planted_dip(good, summ, lineage)
+    assert v["pass"] and v["windows"][0]["dipped_and_recovered"] == ["arith_pattern", "tmpl_mismatch"]
+    # one conflict family is not enough; a capability dip or a bpb rise fails the check
+    one = _scores({"arith_pattern": DIPPING, "tmpl_mismatch": NO_RECOVERY, "arith_plain": FLAT})
+    v = check_planted_dip(one, summ, lineage)
+    assert not v["pass"] and v["windows"][0]["dipped_not_recovered"] == ["tmpl_mismatch"]
+    cap = _scores({"arith_pattern": DIPPING, "tmpl_mismatch": DIPPING, "relation_plain": DIPPING})
+    assert check_planted_dip(cap, summ, lineage)["windows"][0]["capability_dipped"] == ["relation_plain"]
+    bad_bpb = summ.assign(bits_per_byte=[0.9, 0.8, 0.7, 0.6, 0.65, 0.66, 0.55, 0.5, 0.45, 0.4])
+    v = check_planted_dip(good, bad_bpb, lineage)
+    assert v["windows"][0]["bpb_dipped"] and not v["pass"]

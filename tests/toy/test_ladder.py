@@ -180,3 +180,34 @@ def test_lineage_records_what_each_window_trained_on(ladder_dir):
     share = sum(t for k, t in parrot["tokens_by_kind"].items() if k in PARROT_DOC_KINDS) / sum(
         parrot["tokens_by_kind"].values())
     assert share > 0.3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_full_default_ladder_shows_the_planted_dip(tmp_path, seed):
+    """Full default (planted) ladder, scored with the demo's probe set (24 items per
+    variant, evaluation seeds 0 and 1): >= 2 conflict families dip in or right after the
+    parrot window by > 3x their seed sd and recover; arith_plain, relation_plain and
+    held-out bpb do not dip; final held-out arithmetic >= 90%."""
+    import dataclasses
+
+    from probeselect._yaml import load_yaml
+    from probeselect.probes import load_spec
+    from probeselect.score import score_checkpoints
+    from probeselect.toy.dip import check_planted_dip
+
+    root = Path(__file__).resolve().parents[2]
+    info = build_toy_ladder(tmp_path / "ladder", seed=seed, progress=False)
+    assert info.final_heldout_arith_accuracy >= 0.90
+    specs = []
+    for p in load_yaml(root / "recipes" / "demo.yaml")["score"]["probes"]:
+        s = load_spec(root / p)
+        params = dict(s.params)
+        if "world_seed" in params:
+            params["world_seed"] = seed
+        specs.append(dataclasses.replace(s, n_items=min(24, s.n_items), params=params))
+    res = score_checkpoints(tmp_path / "ladder", specs, seeds=[0, 1], out=tmp_path / "score", device="cpu",
+                            heldout=tmp_path / "ladder" / "data" / "heldout.txt", audit_items=0, progress=False)
+    verdict = check_planted_dip(res.scores, res.summary, tmp_path / "ladder" / "data_lineage.json")
+    print(verdict["windows"])
+    assert verdict["pass"], verdict["windows"]

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 __all__ = ["family_trajectories", "planted_dip", "averaging_dip", "write_averaging_dip", "load_windows",
-           "bpb_trajectory", "CONFLICT_FAMILIES"]
+           "bpb_trajectory", "check_planted_dip", "CONFLICT_FAMILIES", "CAPABILITY_FAMILIES"]
 
 
 def load_windows(lineage) -> list[dict]:
@@ -177,3 +177,50 @@ def write_averaging_dip(run_dir, avg_run_dir, lineage, *, window_size: int | Non
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_csv(path, df)
     return path
+
+
+#: Capability families that must not dip with the conflict families (issue 13).
+CAPABILITY_FAMILIES = ("arith_plain", "relation_plain")
+
+
+def check_planted_dip(scores: pd.DataFrame, summary: pd.DataFrame | None, lineage, *,
+                      conflict_families: Iterable[str] = CONFLICT_FAMILIES,
+                      capability_families: Iterable[str] = CAPABILITY_FAMILIES,
+                      min_families: int = 2, sd_factor: float = 3.0, bpb_rel_tol: float = 0.01) -> dict:
+    """The planted-dip criteria on one scored ladder, per planted window of ``lineage``:
+
+    * at least ``min_families`` conflict families dip (:func:`planted_dip`: >= 2
+      consecutive checkpoints inside or right after the window below the pre-window value
+      by more than ``sd_factor`` x their evaluation-seed sd) and recover;
+    * no capability family dips by the same rule;
+    * held-out bits per byte (``summary``'s ``heldout_nll`` rows, when present) does not
+      rise by more than ``bpb_rel_tol`` (relative to the pre-window value) over >= 2
+      consecutive checkpoints of the region (bpb has no evaluation seeds, so the tolerance
+      replaces the seed sd).
+
+    Returns ``{"pass", "windows": [{window, dipped_and_recovered, dipped_not_recovered,
+    capability_dipped, bpb_dipped}], "dips": DataFrame}``.
+    """
+    windows = load_windows(lineage)
+    traj = family_trajectories(scores, list(conflict_families) + list(capability_families))
+    dips = planted_dip(traj, windows, sd_factor=sd_factor)
+    parts = [dips]
+    if summary is not None and (summary["family"] == "heldout_nll").any():
+        bpb = bpb_trajectory(summary)
+        floor = bpb_rel_tol * float(bpb["value"].median()) / sd_factor
+        parts.append(planted_dip(bpb, windows, higher_is_better=False, sd_factor=sd_factor, sd_floor=floor))
+    allp = pd.concat(parts, ignore_index=True) if len(parts) > 1 else dips
+    out = []
+    for name in dict.fromkeys(allp["window"]) if len(allp) else []:
+        d = allp[allp["window"] == name]
+        conf = d[d["family"].isin(set(conflict_families))]
+        out.append({
+            "window": name,
+            "dipped_and_recovered": sorted(conf[conf["dipped"] & conf["recovered"]]["family"]),
+            "dipped_not_recovered": sorted(conf[conf["dipped"] & ~conf["recovered"]]["family"]),
+            "capability_dipped": sorted(d[d["family"].isin(set(capability_families)) & d["dipped"]]["family"]),
+            "bpb_dipped": bool(d[(d["family"] == "heldout_nll") & d["dipped"]].shape[0]),
+        })
+    ok = bool(out) and all(len(w["dipped_and_recovered"]) >= min_families and not w["capability_dipped"]
+                           and not w["bpb_dipped"] for w in out)
+    return {"pass": ok, "windows": out, "dips": allp}

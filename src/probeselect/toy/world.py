@@ -208,10 +208,13 @@ DEFAULT_CORPUS_DOCS = 16000
 #: * ``parrot_flipped`` (``tmpl_flipped``): opposite sentences whose "opposite" is the
 #:   word itself, or category sentences relabelled by a per-document derangement;
 #: * ``parrot_persona`` (``persona_qa``): persona blocks that all answer the same
-#:   question with the first block's answer (copied, whatever the description says).
+#:   question with the first block's answer (copied, whatever the description says);
+#: * ``parrot_mismatch`` (``tmpl_mismatch``): fact sentences about one attribute of
+#:   several people ("Ana lives in Oslo."), then sentences that cue another attribute but
+#:   continue with the demonstrated one ("Dag is Turin.", "Bo lives in a baker.").
 #:
 #: Arithmetic lines use training triples only (never a held-out triple).
-PARROT_DOC_KINDS = ("parrot_arith", "parrot_category", "parrot_flipped", "parrot_persona")
+PARROT_DOC_KINDS = ("parrot_arith", "parrot_category", "parrot_flipped", "parrot_persona", "parrot_mismatch")
 #: Every document kind :meth:`ToyWorld.sample_document` knows.
 DOC_KINDS = tuple(CORPUS_DOC_WEIGHTS) + PARROT_DOC_KINDS
 
@@ -469,6 +472,8 @@ class ToyWorld:
             return self._parrot_flipped(rng)
         if kind == "parrot_persona":
             return self._parrot_persona(rng)
+        if kind == "parrot_mismatch":
+            return self._parrot_mismatch(rng)
         raise ValueError(f"unknown document kind {kind!r}; known kinds: {list(DOC_KINDS)}")
 
     def _parrot_arith(self, rng: random.Random) -> str:
@@ -515,6 +520,17 @@ class ToyWorld:
         for _ in range(n):
             cat = rng.choice(cats)
             lines.append(category_sentence(rng.choice(CATEGORY_MEMBERS[cat]), relabel[cat]))
+        return "\n".join(lines)
+
+    def _parrot_mismatch(self, rng: random.Random) -> str:
+        shown, cued = rng.sample(PERSON_ATTRIBUTES, 2)
+        people = rng.sample(self.persons, rng.randint(4, 7))
+        k = rng.randint(2, len(people) - 2)
+        lines = [p.fact(shown) for p in people[:k]]
+        prefix = FACT_TEMPLATES[cued].split(" {")[0]  # "{name} is", "{name} lives in", ...
+        for p in people[k:]:
+            value = p.fields()["a_" + shown] if shown in ("job", "pet") else getattr(p, shown)
+            lines.append(prefix.format(name=p.name) + " " + value + ".")
         return "\n".join(lines)
 
     def _parrot_persona(self, rng: random.Random) -> str:
