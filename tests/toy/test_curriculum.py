@@ -43,9 +43,12 @@ def test_recipe_file_is_the_builtin_default():
 def test_window_lookup_and_scaling():
     cur = load_curriculum(None, 24)  # the built-in default is scaled to the ladder's steps
     assert cur.steps == 24
-    assert [(w.start_step, w.end_step) for w in cur.windows] == [(0, 10), (10, 14), (14, 24)]
-    assert cur.window_at(1).name == "base" and cur.window_at(10).name == "base"
-    assert cur.window_at(11).name == "parrot" and cur.window_at(24).name == "recovery"
+    full = load_curriculum(None)
+    expect = [(round(w.start_step * 24 / 2000), round(w.end_step * 24 / 2000)) for w in full.windows]
+    assert [(w.start_step, w.end_step) for w in cur.windows] == expect
+    b = expect[0][1]
+    assert cur.window_at(1).name == "base" and cur.window_at(b).name == "base"
+    assert cur.window_at(b + 1).name == "parrot" and cur.window_at(24).name == "recovery"
     with pytest.raises(IndexError):
         cur.window_at(25)
     uni = load_curriculum("uniform", 7)

@@ -40,22 +40,23 @@ from .world import CORPUS_DOC_WEIGHTS, DOC_KINDS
 #: (= ``probeselect.toy.ladder.DEFAULT_STEPS``).
 BUILTIN_STEPS = 2000
 
-#: The parrot window's mix: 60% the default mix, 40% planted parrot documents. The
-#: category / flipped-label parrots are left out: their false category facts also erase
-#: the plain category knowledge that ``relation_plain`` measures.
+#: The parrot window's mix: 23% planted parrot documents (pattern arithmetic, attribute
+#: mismatch, copied personas); the rest is the default mix with fewer arithmetic and more
+#: word-relation documents (so the plain category / opposite knowledge keeps being
+#: rehearsed while the parrots are trained). The category / flipped-label parrots are not
+#: used: their false category facts also erase the plain category knowledge that
+#: ``relation_plain`` measures.
 PARROT_MIXTURE = {
-    **{k: round(v * 0.6, 4) for k, v in CORPUS_DOC_WEIGHTS.items()},
-    "parrot_arith": 0.2,
-    "parrot_mismatch": 0.1,
-    "parrot_persona": 0.1,
+    "arith": 0.5, "sequence": 0.03, "facts": 0.07, "persona": 0.05, "words": 0.12,
+    "parrot_arith": 0.12, "parrot_mismatch": 0.08, "parrot_persona": 0.03,
 }
 
 #: The default curriculum: the default mix, a parrot window, then the default mix again.
 PLANTED_CURRICULUM = {
     "windows": [
-        {"name": "base", "start_step": 0, "end_step": 800, "mixture": "default", "planted": None},
-        {"name": "parrot", "start_step": 800, "end_step": 1200, "mixture": PARROT_MIXTURE, "planted": "parrot"},
-        {"name": "recovery", "start_step": 1200, "end_step": 2000, "mixture": "default", "planted": None},
+        {"name": "base", "start_step": 0, "end_step": 600, "mixture": "default", "planted": None},
+        {"name": "parrot", "start_step": 600, "end_step": 1000, "mixture": PARROT_MIXTURE, "planted": "parrot"},
+        {"name": "recovery", "start_step": 1000, "end_step": 2000, "mixture": "default", "planted": None},
     ]
 }
 #: One window with the default mix (the ladder before curricula existed).
