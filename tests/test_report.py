@@ -113,3 +113,34 @@ def test_both_renderers_share_one_section_list(tmp_path):
     assert "| a\\|b | c |" in md and "| 1\\|2 | 3 |" in md and "![alt text](f.png)" in md
     assert "<code>k</code>" in page and "<strong>now</strong>" in page and "&lt;b&gt;" in page
     assert "data:image/png;base64," in page and json.dumps("look here")[1:-1] in page
+
+
+# --- module structure -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("module", ["probeselect._report_blocks", "probeselect._probe_sections",
+                                    "probeselect.report", "probeselect.final_report", "probeselect.metrics"])
+def test_each_report_module_imports_alone(module):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
+def test_report_modules_do_not_import_each_other():
+    """report -> final_report is the only edge between the two reports; the shared blocks import neither."""
+    import ast
+    from pathlib import Path
+
+    import probeselect
+
+    pkg = Path(probeselect.__file__).parent
+
+    def imports(name):
+        tree = ast.parse((pkg / f"{name}.py").read_text())
+        return {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module}
+
+    assert "report" not in imports("final_report")
+    for shared in ("_report_blocks", "_probe_sections"):
+        assert not {"report", "final_report"} & imports(shared), shared

@@ -7,8 +7,10 @@ words which base is recommended (or "no clear winner"), how sure we are, whether
 selection was predeclared (or POST-HOC) and whether the confirmation held. The evidence
 follows: pilot transfer with seeds, run-correctness diagnostics per pilot run, proxy
 validation against the selection-effect null, the confirmation, then the probe report's
-sections (:func:`probeselect.report.probe_sections`), caveats and provenance. It is
-rendered with the probe report's section model, so markdown and HTML say the same thing.
+sections (:func:`probeselect._probe_sections.probe_sections`), caveats and provenance. It
+is rendered with the shared section model of :mod:`probeselect._report_blocks`, so
+markdown and HTML say the same thing; this module imports nothing from
+:mod:`probeselect.report`.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from typing import Any
 
 import pandas as pd
 
-from ._io import atomic_write_text, sha256_file
+from ._io import sha256_file
 from .errors import SelectionError
-from .report import (_CAVEATS, Bullets, Para, ReportPaths, Section, Table, _provenance_section, fmt, probe_sections,
-                     render_html, render_markdown)
+from ._probe_sections import probe_sections
+from ._report_blocks import (CAVEATS, Bullets, Para, ReportPaths, Section, Table, fmt, provenance_section, run_name,
+                             write_documents)
 
 __all__ = ["write_selection_report", "SELECTION_CAVEATS"]
 
@@ -292,7 +295,7 @@ def write_selection_report(run_dir: str | Path, *, averaged_run_dir: str | Path 
     decision = _decision_section(sel, conf, diag)
     decision.blocks.insert(0, Para(f"Generated {now} from `{run_dir}`. The decision in plain words first; the evidence "
                                    "follows."))
-    prov = _provenance_section(probe.manifest, run_dir)
+    prov = provenance_section(probe.manifest, run_dir)
     prov.blocks.insert(0, Bullets(_selection_provenance(run_dir, sel, conf, pilot_man)))
     sections = [
         decision,
@@ -302,13 +305,10 @@ def write_selection_report(run_dir: str | Path, *, averaged_run_dir: str | Path 
         _confirm_section(conf),
         probe.summary,
         *probe.evidence,
-        Section("Caveats", [Para("What this evidence does not establish:"), Bullets(SELECTION_CAVEATS + _CAVEATS)]),
+        Section("Caveats", [Para("What this evidence does not establish:"), Bullets(SELECTION_CAVEATS + CAVEATS)]),
         prov,
     ]
-    title = f"probeselect base selection: {run_dir.resolve().name}"
+    title = f"probeselect base selection: {run_name(run_dir, probe.manifest)}"
     if sel.get("post_hoc"):
         title = "POST-HOC " + title
-    md_path, html_path = run_dir / "report.md", run_dir / "report.html"
-    atomic_write_text(md_path, render_markdown(title, sections, run_dir))
-    atomic_write_text(html_path, render_html(title, sections))
-    return ReportPaths(md=md_path, html=html_path)
+    return write_documents(run_dir, title, sections)
