@@ -30,7 +30,8 @@ import numpy as np
 
 from .errors import ProbeselectError
 
-__all__ = ["DIRECTIONS", "direction", "direction_word", "oriented", "is_rate", "ORIENTED_CAPTION"]
+__all__ = ["DIRECTIONS", "TRANSFER_METRIC_NAMES", "direction", "direction_word", "oriented", "is_rate",
+           "ORIENTED_CAPTION"]
 
 #: Known metrics: +1 = higher is better, -1 = lower is better.
 DIRECTIONS: dict[str, int] = {
@@ -55,6 +56,10 @@ DIRECTIONS: dict[str, int] = {
     "sft_heldout_bpb": -1,
     "heldout_bpb": -1,
 }
+
+#: The metrics :mod:`probeselect.transfer` produces, in table order.
+TRANSFER_METRIC_NAMES = ("task_accuracy", "task_logprob", "robust_recovery", "termination", "heldout_loss",
+                         "sft_heldout_bpb")
 
 _LOWER_PARTS = ("loss", "nll", "bpb", "perplexity", "ppl", "nats")
 _HIGHER_PARTS = ("margin", "accuracy", "acc", "logprob", "recovery", "termination", "consistency")

@@ -6,7 +6,7 @@ shortlist (``run_dir/shortlist.csv``), and writes ``selection.json`` and
 ``selection.csv``. Definitions:
 
 * **Point value** of a base: the primary metric of ``transfer.csv`` (run level; token
-  weighted for ``heldout_loss`` / ``heldout_bpb``) averaged over the SFT seeds that every
+  weighted for ``heldout_loss`` / ``sft_heldout_bpb``) averaged over the SFT seeds that every
   piloted base has.
 * **Constraints**: each ``selection.constraints`` metric, averaged over seeds, must be
   within its ``min`` / ``max``. Eligible = passes every constraint. Ranking: eligible
@@ -228,7 +228,7 @@ def rank_bases(tables: PilotTables, spec: SelectionSpec, *, bases: list[str] | N
     table["ci_lo"] = np.quantile(reps, alpha, axis=0)
     table["ci_hi"] = np.quantile(reps, 1 - alpha, axis=0)
     table["n_items"] = n_i
-    if spec.primary in ("heldout_loss", "heldout_bpb"):
+    if spec.primary in ("heldout_loss", "sft_heldout_bpb", "heldout_bpb"):
         notes.append(f"{spec.primary} point values are token weighted; the bootstrap resamples items (per-item means) "
                      "and shifts the interval to centre on the token-weighted value.")
 
