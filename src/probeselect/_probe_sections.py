@@ -85,6 +85,55 @@ def _cross_family_rho(dyn) -> tuple[list[float], list[float], tuple | None]:
     return allv, cross, low
 
 
+def _nats(x: float, why: str) -> str:
+    """``0.123 nats``, or ``n/a (why)`` for a missing value (never "nan nats")."""
+    return f"{x:.3g} nats" if x is not None and np.isfinite(x) else f"n/a ({why})"
+
+
+def _track_list(df: pd.DataFrame, col: str, limit: int = 8) -> str:
+    parts = [f"`{r.track}` {fmt(getattr(r, col))}" for r in df.itertuples()]
+    return ", ".join(parts[:limit]) + (f", and {len(parts) - limit} more" if len(parts) > limit else "")
+
+
+def hop_headline(stats: pd.DataFrame, n_ck: int) -> list[str]:
+    """Summary bullets on hops (module :mod:`probeselect.dynamics`): conflict tracks in the
+    headline, capability tracks named separately, learning crossings apart from hops."""
+    from .dynamics import HOP_K
+
+    ms = _margin_stats(stats)
+    out: list[str] = []
+    rule = (f"a hop is a move later undone (a rise then a fall, or the reverse) whose both legs exceed "
+            f"h = {HOP_K:g} x sqrt(2 / n seeds) x the pooled evaluation-seed sd, i.e. {HOP_K:g} standard errors of a "
+            "difference between two checkpoints")
+    if n_ck < 3:
+        return [f"**Hops**: n/a (needs >= 3 checkpoints; this run has {n_ck}). {rule[0].upper()}{rule[1:]}."]
+    for kind, label in (("conflict", "conflict"), ("capability", "capability")):
+        k = ms[ms["kind"] == kind]
+        if not len(k):
+            continue
+        known = k[np.isfinite(k["hops"].astype(float))]
+        hopping = known[known["hops"] > 0]
+        h_med = float(np.median(known["hop_threshold"])) if len(known) else float("nan")
+        learn = k[k["learning_crossings"].fillna(0) > 0]
+        if kind == "conflict":
+            txt = (f"**Hops (conflict tracks)**: {int(hopping['hops'].sum())} hop(s) on {len(hopping)} of {len(k)} "
+                   f"conflict tracks over {n_ck} checkpoints")
+            txt += f" ({_track_list(hopping, 'hops')})." if len(hopping) else "."
+            txt += f" Rule: {rule} (median h {_nats(h_med, 'needs >= 2 evaluation seeds')})."
+        else:
+            txt = (f"**Capability tracks** (named separately; a capability hop is lost skill, not shortcut preference): "
+                   f"{int(hopping['hops'].sum())} hop(s) on {len(hopping)} of {len(k)} tracks")
+            txt += f" ({_track_list(hopping, 'hops')})." if len(hopping) else "."
+        if len(known) < len(k):
+            txt += (f" {len(k) - len(known)} track(s) n/a: no evaluation-seed sd (score with >= 2 seeds).")
+        if len(learn):
+            txt += (f" {len(learn)} {label} track(s) end on the other side of zero from where they started "
+                    "(learning crossings, not hops): "
+                    + ", ".join(f"`{t}`" for t in learn["track"][:8]) + ("..." if len(learn) > 8 else "") + ".")
+        out.append(txt)
+    return out
+
+
 def _summary_section(dyn, sl: pd.DataFrame | None, sl_meta: dict | None, avg_cmp: pd.DataFrame | None,
                      stale: bool) -> Section:
     items: list[str] = []
@@ -109,10 +158,7 @@ def _summary_section(dyn, sl: pd.DataFrame | None, sl_meta: dict | None, avg_cmp
                      "with the plan fixed before looking at these results.")
     ms = _margin_stats(dyn.stats)
     if len(ms):
-        sc = int(ms["sign_changes"].sum())
-        hop = ms[ms["sign_changes"] > 0]
-        items.append(f"**Mode-hopping**: over {n_ck} checkpoints, the mean margin changes sign between consecutive "
-                     f"checkpoints {sc} time(s) on {len(hop)} of {len(ms)} probe tracks.")
+        items.extend(hop_headline(dyn.stats, n_ck))
         fr = ms["flip_rate"].dropna()
         if len(fr):
             worst = ms.loc[ms["flip_rate"].idxmax()]
@@ -124,8 +170,11 @@ def _summary_section(dyn, sl: pd.DataFrame | None, sl_meta: dict | None, avg_cmp
             lo = ms.loc[snr.idxmin()]
             items.append(f"**Signal to noise** (range across checkpoints / sd of the last {int(lo['noise_window'])}): "
                          f"median {snr.median():.3g}; lowest `{lo['track']}` at {lo['snr_last']:.3g}. "
-                         f"Median seed sd {ms['noise_seed_sd'].median():.3g} nats vs trend-free checkpoint jitter "
-                         f"{ms['noise_last_diff_sd'].median():.3g} nats.")
+                         f"Median seed sd {_nats(ms['noise_seed_sd'].median(), 'needs >= 2 evaluation seeds')} vs "
+                         f"trend-free checkpoint jitter "
+                         f"{_nats(ms['noise_last_diff_sd'].median(), 'needs >= 3 checkpoints')}.")
+        elif n_ck < 3:
+            items.append(f"**Signal to noise**: n/a (needs >= 3 checkpoints; this run has {n_ck}).")
         flagged = int(dyn.pairs["flag_acc_moves_margin_still"].sum()) if len(dyn.pairs) else 0
         hidden = int(dyn.pairs["flag_margin_moves_acc_still"].sum()) if len(dyn.pairs) else 0
         items.append(f"**Accuracy vs margin**: {flagged} consecutive pair(s) where accuracy moved a lot while the "
@@ -134,7 +183,8 @@ def _summary_section(dyn, sl: pd.DataFrame | None, sl_meta: dict | None, avg_cmp
     allv, cross, low = _cross_family_rho(dyn)
     if allv:
         off = dyn.correlation_n.to_numpy()[~np.eye(len(dyn.correlation_n), dtype=bool)]
-        txt = (f"**Agreement between probes**: median Spearman rho {np.median(allv):.2f} over {len(allv)} track pairs "
+        txt = (f"**Agreement between probes** (oriented: higher = better for every track, so +1 = agree): median "
+               f"Spearman rho {np.median(allv):.2f} over {len(allv)} track pairs "
                f"(each across up to {int(off.max())} checkpoints)")
         if cross:
             txt += f" ({np.median(cross):.2f} between different families)"
@@ -173,36 +223,92 @@ def _shortlist_section(sl: pd.DataFrame | None, meta: dict | None) -> Section:
     s.blocks.append(Para(f"Plan `{(meta or {}).get('config', {}).get('plan', '?')}` (sha256 "
                          f"`{str((meta or {}).get('plan_sha256', ''))[:12]}`): {agg.replace('_', ' ')} over proxies "
                          + ", ".join(f"`{p}`" for p in proxies) + f"; k = {plan.get('k', '?')}. "
-                         "Rank 1 = best; a one-probe winner is first on one proxy but in the bottom half on most others."))
-    cols = ["checkpoint", "step", "selected", "shortlist_position", agg, "worst_rank", "one_probe_winner",
-            "passes_constraints", "reason"]
-    s.blocks.append(df_table(sl, cols, ["checkpoint", "step", "shortlisted", "#", agg.replace("_", " "), "worst rank",
-                                      "one-probe winner", "constraints ok", "reason"]))
-    rank_cols = [c for c in sl.columns if c.startswith("rank[") or c.startswith("topk_frac[")]
-    if rank_cols:
-        s.blocks.append(Para("Ranks per proxy and per prompt variant (`topk_frac` = fraction of variants on which the "
-                             "checkpoint is in the top k):"))
-        s.blocks.append(df_table(sl, ["checkpoint", *rank_cols]))
+                         "Rank 1 = best, ranked on oriented values (higher = better after orientation: bits per byte "
+                         "and losses are negated); a one-probe winner is first on one proxy but in the bottom half on "
+                         "most others."))
+    pairs = [("checkpoint", "checkpoint"), ("step", "step"), ("selected", "shortlisted"), ("shortlist_position", "#"),
+             (agg, agg.replace("_", " ")), ("worst_rank", "worst rank"), ("one_probe_winner", "one-probe winner"),
+             ("heldout_bpb", "pretraining held-out bpb"), ("passes_constraints", "constraints ok"), ("reason", "reason")]
+    pairs = [(c, lab) for c, lab in pairs if c in sl.columns and not (c == "heldout_bpb" and sl[c].isna().all())]
+    s.blocks.append(df_table(sl, [c for c, _ in pairs], [lab for _, lab in pairs]))
+    s.blocks.extend(_rank_tables(sl, plan))
     notes = (meta or {}).get("notes", [])
     if notes:
         s.blocks.append(Bullets([f"Note: {n}" for n in notes]))
     return s
 
 
+def _labelled(stats: pd.DataFrame) -> pd.DataFrame:
+    """``stats`` with the track names that need it labelled (pretraining held-out bpb)."""
+    from .metrics import LABELS
+
+    return stats.assign(track=[f"{t} ({LABELS[t]})" if t in LABELS else t for t in stats["track"]])
+
+
+def _hops_section(dyn) -> Section:
+    from .dynamics import HOP_K
+
+    st = _labelled(dyn.stats)
+    cols = ["track", "kind", "n_checkpoints", "hops", "hop_legs", "hop_turning_steps", "hop_threshold",
+            "learning_crossings", "sign_changes", "excess_variation", "total_variation"]
+    labels = ["track", "kind", "n ckpt", "hops", "legs", "turning points (steps)", "threshold h", "learning crossings",
+              "sign changes", "undone", "total variation"]
+    return Section("Hops", [
+        Para(f"A **hop** is a move later undone: a rise then a fall (or the reverse) whose both legs exceed the noise "
+             f"threshold h = {HOP_K:g} x sqrt(2 / n) x s, where s is the track's pooled evaluation-seed sd (root mean "
+             f"square of `seed_sd` over checkpoints) and n its number of evaluation seeds: {HOP_K:g} standard errors of "
+             "the difference between two checkpoint values. Legs come from a zig-zag filter (a turning point is "
+             "confirmed once the track moves back from its running extreme by more than h); hops = floor(legs / 2), so "
+             "monotone learning (one leg) has 0 hops, a dip that recovers 1, two dips 2. Learning crossings = 1 when the "
+             "track ends on the other side of zero from where it started (a crossing that is not undone); sign changes "
+             "count every zero crossing between consecutive checkpoints. Undone = total variation minus the net "
+             "change (the movement later reversed). Margins and h in nats; bits per byte for the held-out NLL track, "
+             "whose hops are n/a (no evaluation seeds). n/a = needs >= 3 checkpoints or >= 2 evaluation seeds."),
+        df_table(st, cols, labels),
+    ])
+
+
+def _rank_tables(sl: pd.DataFrame, plan: dict, max_cols: int = 7) -> list[Any]:
+    """The ranks per proxy, one table per proxy (its variants' ranks, its own rank, the
+    fraction of variants in the top k), split further when a proxy has many variants, so
+    no table runs off the page."""
+    ids = [p.get("id") for p in plan.get("proxies", []) if p.get("id")]
+    if not ids:  # an older shortlist.json: recover the proxies from the columns
+        ids = [c[len("rank["):-1] for c in sl.columns if c.startswith("rank[") and "/*:" in c]
+    out: list[Any] = []
+    for pid in ids:
+        fam, metric = pid.split("/", 1)[0], pid.rsplit(":", 1)[-1]
+        var_cols = [c for c in sl.columns if c.startswith(f"rank[{fam}/") and c.endswith(f":{metric}]")
+                    and c != f"rank[{pid}]"]
+        extra = [c for c in (f"rank[{pid}]", f"topk_frac[{pid}]") if c in sl.columns]
+        if not var_cols and len(extra) <= 1:
+            continue  # a one-variant proxy: its rank is in the table above
+        chunks = [var_cols[i:i + max_cols] for i in range(0, len(var_cols), max_cols)] or [[]]
+        for i, chunk in enumerate(chunks):
+            cols = ["checkpoint", *chunk, *(extra if i == len(chunks) - 1 else [])]
+            labels = ["checkpoint", *[c[len("rank["):-1].split(":")[0].split("/", 1)[1] for c in chunk],
+                      *[{"rank": "proxy rank", "topk_frac": "top-k share"}[c.split("[")[0]]
+                        for c in (extra if i == len(chunks) - 1 else [])]]
+            out.append(Para(f"Ranks of `{pid}` per prompt variant (1 = best; oriented: higher = better before ranking"
+                            "; top-k share = fraction of variants on which the checkpoint is in the top k)"
+                            + (f", part {i + 1} of {len(chunks)}" if len(chunks) > 1 else "") + ":"))
+            out.append(df_table(sl, cols, labels))
+    return out
+
+
 def _signal_noise_section(dyn) -> Section:
-    cols = ["track", "kind", "n_checkpoints", "signal_range", "noise_seed_sd", "noise_last_sd", "noise_last_diff_sd",
-            "snr_last", "snr_seed", "sign_changes", "total_variation", "excess_variation", "flip_rate", "largest_drop",
-            "largest_drop_step"]
-    labels = ["track", "kind", "n ckpt", "signal (range)", "seed sd", "sd last W", "jitter (diff sd)", "SNR (last W)",
-              "SNR (seed)", "sign changes", "total variation", "undone", "flip rate", "largest drop", "at step"]
+    cols = ["track", "signal_range", "noise_seed_sd", "noise_last_sd", "noise_last_diff_sd", "snr_last", "snr_seed",
+            "flip_rate", "largest_drop", "largest_drop_step"]
+    labels = ["track", "signal (range)", "seed sd", "sd last W", "jitter (diff sd)", "SNR (last W)", "SNR (seed)",
+              "flip rate", "largest drop", "at step"]
     w = int(dyn.stats["noise_window"].max()) if len(dyn.stats) else 5
     return Section("Signal and noise", [
         Para(f"Signal = range of the checkpoint values; noise = mean seed sd, the sd of the last W = {w} checkpoints "
-             "(Heineman et al., 2025) and a trend-free jitter (sd of their first differences / sqrt 2). SNR = signal / "
-             "noise; a probe with low SNR cannot order nearby checkpoints. Total variation = sum of |change| between "
-             "consecutive checkpoints; undone = the part of it later reversed; flip rate = fraction of item x seed "
-             "answers whose correctness flips per consecutive pair. Margins in nats; bits per byte for NLL."),
-        df_table(dyn.stats, cols, labels),
+             "(Heineman et al., 2025) and a trend-free jitter (sd of their first differences / sqrt 2; n/a with fewer "
+             "than 3 checkpoints). SNR = signal / noise; a probe with low SNR cannot order nearby checkpoints. Flip "
+             "rate = fraction of item x seed answers whose correctness flips per consecutive pair; largest drop = the "
+             "largest single worsening between consecutive checkpoints. Margins in nats; bits per byte for NLL."),
+        df_table(_labelled(dyn.stats), cols, labels),
     ])
 
 
@@ -304,20 +410,24 @@ def probe_sections(run_dir: str | Path, *, averaged_run_dir: str | Path | None =
         _shortlist_section(sl, sl_meta),
         Section("Margin trajectories", [Figure(
             figs["margin_trajectories"],
-            "Look for lines that cross zero or reverse between neighbouring checkpoints (mode-hopping); a seed band "
-            "narrower than the jumps means the jumps are not evaluation noise.",
+            "Look for lines that go up and come back down (or down and back up) by more than their seed band: those are "
+            "hops (mode-hopping; counted in the Hops table). A line that crosses zero once and stays is learning, not a "
+            "hop. A seed band narrower than the jumps means the jumps are not evaluation noise.",
             "margin trajectories with seed bands")]),
         Section("Accuracy against margin", [Figure(
             figs["accuracy_vs_margin"],
-            "Look for ringed points: accuracy moved by 10 points or more while the mean margin moved by no more than the "
-            "grey band, i.e. margins crossed zero without moving much; points far out on the x axis with no accuracy "
-            "change are margin swings that accuracy hides.",
+            "One panel per family (colours = prompt variants, legend in each panel), then every consecutive pair "
+            "(colours = families). Look for ringed points: accuracy moved by 10 points or more while the mean margin "
+            "moved by no more than the grey band, i.e. margins crossed zero without moving much; points far out on the "
+            "x axis with no accuracy change are margin swings that accuracy hides.",
             "accuracy against mean margin"), *_pairs_table(dyn)]),
+        _hops_section(dyn),
         _signal_noise_section(dyn),
         Section("Correlation across probes", [Figure(
             figs["correlation"],
-            "Look for pale or blue cells: probes that disagree about which checkpoints are better. A shortlist resting "
-            "on one of them would not generalize.",
+            "Spearman rho across checkpoints, oriented: higher = better for every track (bits per byte is negated), so "
+            "red = the two tracks agree on which checkpoints are better and blue = they disagree. Look for pale or blue "
+            "cells: a shortlist resting on one of those probes would not generalize.",
             "Spearman correlation heatmap")]),
         _averaging_section(run_dir, avg_dir, avg_cmp, dyn),
     ]

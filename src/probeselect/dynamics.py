@@ -101,7 +101,7 @@ import pandas as pd
 from ._io import atomic_write_csv, atomic_write_json, sha256_file
 from .errors import ProbeselectError
 from .manifest import base_manifest
-from .metrics import ORIENTED_CAPTION, direction
+from .metrics import direction
 
 __all__ = [
     "DynamicsResult",
@@ -687,7 +687,7 @@ def _pairs_for_track(g: pd.DataFrame, flips: pd.DataFrame, acc_jump: float, smal
 # Plots
 # ---------------------------------------------------------------------------
 
-_YLABELS = {"mean_margin": "mean margin (nats)", "bits_per_byte": "held-out bits per byte"}
+_YLABELS = {"mean_margin": "mean margin (nats)", "bits_per_byte": "pretraining held-out bits per byte"}
 
 
 def _x(g: pd.DataFrame) -> np.ndarray:
@@ -722,72 +722,104 @@ def plot_trajectories(traj: pd.DataFrame, path: Path, *, title: str | None = Non
         ax.set_title(f"{fam} ({kind})" if metric in _YLABELS else f"{fam}: {metric}", fontsize=10)
         ax.set_xlabel("step")
         ax.set_ylabel(_YLABELS.get(metric, metric))
-        ax.legend(fontsize=7, loc="best")
+        ax.legend(fontsize=MIN_FONT_PT, loc="best")
         ax.grid(alpha=0.3)
     fig.suptitle(title or "line: mean; band: seed spread; dashed: 95% bootstrap CI", fontsize=9)
     return save_png(fig, path)
 
 
-def plot_accuracy_vs_margin(traj: pd.DataFrame, pairs: pd.DataFrame, path: Path, *,
-                            acc_jump: float = 0.10, small_margin_nats: float = 0.10) -> Path:
-    """Left: accuracy against mean margin per checkpoint (connected in step order).
-    Right: d accuracy against d mean margin per consecutive pair; flagged pairs ringed."""
-    from ._plots import color, new_figure, save_png
+#: Smallest font (points, at the saved size) of any label a reader must read.
+MIN_FONT_PT = 9.0
 
-    fig, (left, right) = new_figure(2, ncols=2, panel_size=(5.2, 3.8))
+
+def accuracy_vs_margin_figure(traj: pd.DataFrame, pairs: pd.DataFrame, *, acc_jump: float = 0.10,
+                              small_margin_nats: float = 0.10):
+    """The figure of :func:`plot_accuracy_vs_margin` (returned, not saved)."""
+    from ._plots import color, new_figure
+
     m = traj[traj["metric"] == "mean_margin"]
-    for i, (name, g) in enumerate(m.groupby("track", sort=False)):
-        left.plot(g["value"], g["accuracy"], marker="o", ms=3, lw=1, alpha=0.8, color=color(i), label=name)
-        left.plot(g["value"].iloc[-1:], g["accuracy"].iloc[-1:], marker="s", ms=6, color=color(i))
-    left.axvline(0.0, color="black", lw=0.8)
-    left.set_xlabel("mean margin (nats)")
-    left.set_ylabel("accuracy (fraction margin > 0)")
-    left.set_title("per checkpoint (square = last)", fontsize=10)
-    if m["track"].nunique() <= 12:
-        left.legend(fontsize=7, loc="best")
-    left.grid(alpha=0.3)
+    fams = list(dict.fromkeys(m["family"]))
+    fig, axes = new_figure(len(fams) + 1, ncols=3, panel_size=(4.4, 3.6))
+    fs = MIN_FONT_PT
+    for ax, fam in zip(axes, fams):
+        g_fam = m[m["family"] == fam]
+        for i, (var, g) in enumerate(g_fam.groupby("variant", sort=False)):
+            ax.plot(g["value"], g["accuracy"], marker="o", ms=3, lw=1, alpha=0.85, color=color(i), label=str(var))
+            ax.plot(g["value"].iloc[-1:], g["accuracy"].iloc[-1:], marker="s", ms=6, color=color(i))
+        ax.axvline(0.0, color="black", lw=0.8)
+        ax.set_title(f"{fam} ({g_fam['kind'].iloc[0]}; square = last)", fontsize=10)
+        ax.set_xlabel("mean margin (nats)", fontsize=fs)
+        ax.set_ylabel("accuracy (margin > 0)", fontsize=fs)
+        ax.tick_params(labelsize=fs)
+        ax.legend(fontsize=fs, loc="best", title="variant", title_fontsize=fs)
+        ax.grid(alpha=0.3)
+    right = axes[-1]
     right.axvspan(-small_margin_nats, small_margin_nats, color="grey", alpha=0.15, lw=0)
     for yv in (-acc_jump, acc_jump):
         right.axhline(yv, color="grey", ls=":", lw=0.8)
-    names = list(dict.fromkeys(m["track"]))
-    for i, name in enumerate(names):
-        p = pairs[pairs["track"] == name]
-        right.scatter(p["d_mean_margin"], p["d_accuracy"], s=14, color=color(i), alpha=0.8)
+    for i, fam in enumerate(fams):
+        p = pairs[pairs["family"] == fam] if len(pairs) else pairs
+        if len(p):
+            right.scatter(p["d_mean_margin"], p["d_accuracy"], s=14, color=color(i), alpha=0.8, label=fam)
     flagged = pairs[pairs["flag_acc_moves_margin_still"].astype(bool)] if len(pairs) else pairs
     if len(flagged):
         right.scatter(flagged["d_mean_margin"], flagged["d_accuracy"], s=80, facecolors="none",
-                      edgecolors="red", lw=1.2, label="accuracy moved, margin did not")
-        right.legend(fontsize=7, loc="best")
+                      edgecolors="red", lw=1.2, label="accuracy moved,\nmargin did not")
+    if len(pairs):
+        right.legend(fontsize=fs, loc="best", title="family", title_fontsize=fs)
     right.axhline(0.0, color="black", lw=0.6)
     right.axvline(0.0, color="black", lw=0.6)
-    right.set_xlabel("change in mean margin (nats)")
-    right.set_ylabel("change in accuracy")
-    right.set_title("consecutive checkpoints (grey band: small margin change)", fontsize=10)
+    right.set_xlabel("change in mean margin (nats)", fontsize=fs)
+    right.set_ylabel("change in accuracy", fontsize=fs)
+    right.tick_params(labelsize=fs)
+    right.set_title("consecutive checkpoints (grey: small margin change)", fontsize=10)
     right.grid(alpha=0.3)
-    return save_png(fig, path)
+    return fig
 
 
-def plot_correlation(rho: pd.DataFrame, nn: pd.DataFrame, path: Path) -> Path:
-    """Heatmap of the Spearman matrix, values annotated when it is small enough to read."""
-    from ._plots import new_figure, save_png
+def plot_accuracy_vs_margin(traj: pd.DataFrame, pairs: pd.DataFrame, path: Path, *,
+                            acc_jump: float = 0.10, small_margin_nats: float = 0.10) -> Path:
+    """One panel per family: accuracy against mean margin per checkpoint (connected in step
+    order; colours = prompt variants, with a legend). Last panel: d accuracy against d mean
+    margin per consecutive pair (colours = families); flagged pairs ringed."""
+    from ._plots import save_png
+
+    return save_png(accuracy_vs_margin_figure(traj, pairs, acc_jump=acc_jump, small_margin_nats=small_margin_nats),
+                    path)
+
+
+def correlation_figure(rho: pd.DataFrame, nn: pd.DataFrame):
+    """The figure of :func:`plot_correlation` (returned, not saved). Every label >= MIN_FONT_PT."""
+    from ._plots import new_figure
 
     k = len(rho)
-    side = min(14.0, 2.5 + 0.55 * k)
-    fig, (ax,) = new_figure(1, ncols=1, panel_size=(side + 1.2, side))
+    cell = 0.45  # inches per track: room for a 9 pt value in each cell
+    side = max(4.0, 3.2 + cell * k)
+    fig, (ax,) = new_figure(1, ncols=1, panel_size=(side + 1.4, side))
     arr = rho.to_numpy(dtype=float)
     im = ax.imshow(np.ma.masked_invalid(arr), cmap="RdBu_r", vmin=-1, vmax=1)
+    fs = MIN_FONT_PT
     ax.set_xticks(range(k))
     ax.set_yticks(range(k))
-    ax.set_xticklabels(rho.columns, rotation=60, ha="right", fontsize=7)
-    ax.set_yticklabels(rho.index, fontsize=7)
-    if k <= 16:
+    ax.set_xticklabels(rho.columns, rotation=60, ha="right", fontsize=fs)
+    ax.set_yticklabels(rho.index, fontsize=fs)
+    if k <= 24:
         for i in range(k):
             for j in range(k):
                 txt = "n/a" if np.isnan(arr[i, j]) else f"{arr[i, j]:.2f}"
-                ax.text(j, i, txt, ha="center", va="center", fontsize=6.5,
+                ax.text(j, i, txt, ha="center", va="center", fontsize=fs,
                         color="white" if np.isfinite(arr[i, j]) and abs(arr[i, j]) > 0.6 else "black")
     off = nn.to_numpy()[~np.eye(k, dtype=bool)] if k > 1 else nn.to_numpy().ravel()
     n_txt = f"{off.min()}" if off.size and off.min() == off.max() else (f"{off.min()}-{off.max()}" if off.size else "0")
-    ax.set_title(f"Spearman rho across checkpoints (n = {n_txt} checkpoints)", fontsize=10)
-    fig.colorbar(im, ax=ax, shrink=0.8)
-    return save_png(fig, path)
+    ax.set_title(f"Spearman rho across checkpoints (n = {n_txt} checkpoints)\n"
+                 "oriented (higher = better; bpb negated): red = agree, blue = disagree", fontsize=10)
+    cb = fig.colorbar(im, ax=ax, shrink=0.8)
+    cb.ax.tick_params(labelsize=fs)
+    return fig
+
+
+def plot_correlation(rho: pd.DataFrame, nn: pd.DataFrame, path: Path) -> Path:
+    """Heatmap of the (oriented) Spearman matrix, values annotated when it is small enough to read."""
+    from ._plots import save_png
+
+    return save_png(correlation_figure(rho, nn), path)

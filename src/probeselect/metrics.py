@@ -30,8 +30,8 @@ import numpy as np
 
 from .errors import ProbeselectError
 
-__all__ = ["DIRECTIONS", "TRANSFER_METRIC_NAMES", "direction", "direction_word", "oriented", "is_rate",
-           "ORIENTED_CAPTION"]
+__all__ = ["DIRECTIONS", "TRANSFER_METRIC_NAMES", "RENAMED_METRICS", "LABELS", "direction", "direction_word",
+           "oriented", "is_rate", "ORIENTED_CAPTION"]
 
 #: Known metrics: +1 = higher is better, -1 = lower is better.
 DIRECTIONS: dict[str, int] = {
@@ -60,6 +60,17 @@ DIRECTIONS: dict[str, int] = {
 #: The metrics :mod:`probeselect.transfer` produces, in table order.
 TRANSFER_METRIC_NAMES = ("task_accuracy", "task_logprob", "robust_recovery", "termination", "heldout_loss",
                          "sft_heldout_bpb")
+
+#: Old metric names still read from earlier runs -> current name.
+RENAMED_METRICS: dict[str, str] = {"heldout_bpb": "sft_heldout_bpb"}
+
+#: Labels that say which held-out text a number is on (the SFT rows vs the pretraining text).
+LABELS: dict[str, str] = {
+    "sft_heldout_bpb": "SFT held-out bits per byte",
+    "heldout_loss": "SFT held-out loss (nats per token)",
+    "bits_per_byte": "pretraining held-out bits per byte",
+    "heldout_nll/bpb": "pretraining held-out bits per byte",
+}
 
 _LOWER_PARTS = ("loss", "nll", "bpb", "perplexity", "ppl", "nats")
 _HIGHER_PARTS = ("margin", "accuracy", "acc", "logprob", "recovery", "termination", "consistency")

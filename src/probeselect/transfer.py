@@ -71,7 +71,7 @@ import pandas as pd
 import torch
 
 from .errors import TransferError
-from .metrics import TRANSFER_METRIC_NAMES, direction_word
+from .metrics import RENAMED_METRICS, TRANSFER_METRIC_NAMES, direction_word
 from .generation import Generation, greedy_generations, normalize_answer
 from .spans import EncodedPair, encode_pair, score_pairs
 
@@ -93,8 +93,6 @@ __all__ = [
 
 #: Metric name -> better direction (from :mod:`probeselect.metrics`, the one place for directions).
 METRICS: dict[str, str] = {m: direction_word(m) for m in TRANSFER_METRIC_NAMES}
-#: Old metric names still read from earlier runs -> current name.
-RENAMED_METRICS: dict[str, str] = {"heldout_bpb": "sft_heldout_bpb"}
 #: Metrics whose run-level value is weighted (tokens or bytes), not an item mean.
 WEIGHTED_METRICS = ("heldout_loss", "sft_heldout_bpb", "heldout_bpb")
 ITEM_COLUMNS = ["item_id", "kind", "metric", "value", "weight"]
