@@ -206,9 +206,9 @@ def test_selection_report_sections(run):
     pos = [md.index(s) for s in order]
     assert pos == sorted(pos)
     top = md[pos[0]:pos[1]]
-    assert "**Recommended base: `checkpoint-40`.**" in top and "**Predeclared**" in top
-    assert "beats" in top and "paired bootstrap" in top and "Confirmation**: not run" in top
-    assert "checkpoint-60 seed 1: 1 resumes" in top and "checkpoint-60 seed 1: 2 loss spikes" in top
+    assert "**Recommended base (pilot only, not yet confirmed): `checkpoint-40`**" in top and "**Predeclared**" in top
+    assert "beats" in top and "Confirmation**: not run" in top
+    assert "1 resumes (`checkpoint-60` seed 1: 1)" in top and "2 loss spikes (`checkpoint-60` seed 1: 2)" in top
     caveats = md[md.index("## Caveats"):md.index("## Provenance")]
     assert "reverse" in caveats and "not free-generation accuracy" in caveats and "One-probe evidence" in caveats
     assert "<script" not in page and 'src="data:image/png;base64,' in page
