@@ -204,14 +204,15 @@ def _floor_ceiling_bullets(transfer: pd.DataFrame | None, sel: dict) -> list[str
     plan = sel.get("selection_plan", {})
     primary = (plan.get("primary") or {}).get("metric")
     constrained = {c.get("metric") for c in plan.get("constraints", [])}
-    words = {"floor": "at the floor (every base within 0.01 of 0)", "ceiling": "at the ceiling (every base within 0.01 "
-             "of 1)", "identical": "identical for every base"}
+    words = {"floor": "at the floor for every base (seed means {v}; all within 0.01 of 0)",
+             "ceiling": "at the ceiling for every base (seed means {v}; all within 0.01 of 1)",
+             "identical": "identical for every base ({v})"}
     parts = []
     for f in flags:
         role = (" -- the primary metric" if f["metric"] == primary else
                 " -- its constraint cannot exclude or separate any base" if f["metric"] in constrained else "")
         vals = ", ".join(fmt(x) for x in f["values"].values())
-        parts.append(f"`{f['metric']}` is {words[f['why']]} ({vals}){role}")
+        parts.append(f"`{f['metric']}` is {words[f['why']].format(v=vals)}{role}")
     return ["**Metrics that cannot separate bases**: " + "; ".join(parts) + ". Differences on these metrics carry no "
             "evidence; make the transfer suite harder (or easier) where they sit."]
 
@@ -357,9 +358,6 @@ def _transfer_section(sel: dict, transfer: pd.DataFrame | None) -> Section:
         s.blocks.append(Table(["base", "seed", *[LABELS.get(m, m) for m in metrics]],
                               [[str(r["base"]), fmt(r["seed"]), *[fmt(r[m]) for m in metrics]]
                                for _, r in wide.iterrows()]))
-        fc = _floor_ceiling_bullets(transfer, sel)
-        if fc:
-            s.blocks.append(Bullets(fc))
     if sel.get("notes"):
         s.blocks.append(Bullets([f"Note: {n}" for n in sel["notes"]]))
     return s
