@@ -68,7 +68,9 @@ def test_reversal_is_named_and_decision_did_not_hold(selected, monkeypatch):
 
     md = write_report(selected).md.read_text()
     top = md[md.index("## Decision"):md.index("## Pilot transfer")]
-    assert "**Confirmation did NOT hold**" in top
+    # the pilot's winner lost its place at confirmation: "not confirmed" in the headline and the confirmation line
+    assert top.count("**Pilot pick `checkpoint-40` not confirmed**") == 1 and "Recommended base" not in top
+    assert "**Confirmation does not confirm `checkpoint-40`**" in top and "Confirmation held" not in top
     conf = md[md.index("## Confirmation"):md.index("## Probe evidence summary")]
     assert "Reversal: `checkpoint-40` ahead of `checkpoint-60`" in conf
 

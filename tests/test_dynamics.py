@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 
 from probeselect._io import atomic_write_csv, atomic_write_json, atomic_write_parquet
-from probeselect.dynamics import compute_dynamics, flip_rates, spearman_matrix, trajectory_stats
+from probeselect.dynamics import (HOP_K, compute_dynamics, flip_rates, hop_stats, hop_threshold, spearman_matrix,
+                                  trajectory_stats, zigzag_legs)
 from probeselect.errors import ProbeselectError
 from probeselect.tables import summarize_scores
 
@@ -110,6 +111,78 @@ def test_spearman_known_answers():
     assert math.isnan(rho3.loc["a", "b"])  # fewer than 3 checkpoints
 
 
+# --- hops ------------------------------------------------------------------------------
+
+H = 0.5  # threshold for the synthetic trajectories below (their seed noise is far smaller)
+
+
+def _hops(values, threshold=H):
+    return hop_stats(values, threshold=threshold).hops
+
+
+def test_monotone_learning_is_never_a_hop():
+    x = np.linspace(-6, 6, 12)
+    sigmoid = 10 / (1 + np.exp(-x)) - 5  # steep, crosses zero once
+    st = hop_stats(sigmoid, threshold=H)
+    assert st.hops == 0 and len(st.legs) == 1 and st.learning_crossings == 1 and st.sign_changes == 1
+    assert _hops(-sigmoid) == 0  # monotone fall (e.g. bits per byte)
+    assert _hops(np.linspace(0, 100, 30)) == 0
+
+
+def test_dip_and_recover_beyond_noise_is_one_hop():
+    rise_dip_recover = [0.0, 1.0, 2.0, 3.0, 1.5, 1.0, 2.5, 4.0]  # legs up 0->3, down 3->1, up 1->4
+    st = hop_stats(rise_dip_recover, threshold=H)
+    assert st.hops == 1 and [(leg.start, leg.end) for leg in st.legs] == [(0, 3), (3, 5), (5, 7)]
+    assert st.legs[1].change == pytest.approx(-2.0)
+    assert _hops([2.0, 2.0, 0.5, 0.4, 2.1, 2.0]) == 1  # flat, dip, back
+    assert _hops([0.0, 2.0, 0.0]) == 1  # gained then lost
+
+
+def test_wiggles_within_noise_are_not_hops():
+    rng = np.random.default_rng(0)
+    wiggle = 3.0 + rng.uniform(-0.2, 0.2, size=20)  # range < 0.4 < H
+    assert _hops(wiggle) == 0 and zigzag_legs(wiggle, H) == []
+    trend_with_wiggles = np.linspace(0, 5, 20) + rng.uniform(-0.2, 0.2, size=20)
+    assert _hops(trend_with_wiggles) == 0
+    # the same dip counts only when both legs exceed the threshold
+    assert _hops([0.0, 1.0, 0.6, 1.5], threshold=0.5) == 0  # dip of 0.4
+    assert _hops([0.0, 1.0, 0.4, 1.5], threshold=0.5) == 1  # dip of 0.6, recovery of 1.1
+    assert _hops([0.0, 1.0, 0.4, 0.45], threshold=0.5) == 1  # gain of 1.0, then 0.6 of it lost: both legs count
+
+
+def test_two_dips_are_two_hops():
+    assert _hops([0.0, 2.0, 1.0, 3.0, 1.5, 4.0]) == 2
+    assert _hops([2.0, 0.0, 2.0, 0.0, 2.0]) == 2  # down up down up
+
+
+def test_hop_edge_cases():
+    two = hop_stats([0.0, 5.0], threshold=H)
+    assert math.isnan(two.hops) and two.learning_crossings == 0  # a hop needs >= 3 checkpoints
+    assert _hops([1.0, 1.0, 1.0, 1.0]) == 0 and _hops([1.0, 1.0, 1.0], threshold=0.0) == 0  # constant track
+    assert math.isnan(_hops([0.0, 2.0, 0.0], threshold=float("nan")))  # unknown noise: n/a, not 0
+    assert _hops([0.0, np.nan, 2.0, 0.0]) == 1  # a missing checkpoint is skipped
+    assert math.isnan(hop_threshold([np.nan, np.nan], [2, 2]))  # NaN seed sd
+    assert math.isnan(hop_threshold([0.1, 0.1], [1, 1]))  # one evaluation seed: no noise estimate
+    # pooled seed sd = sqrt(mean(sd^2)); n = smallest seed count
+    assert hop_threshold([0.3, 0.4], [4, 3]) == pytest.approx(HOP_K * math.sqrt(2 / 3) * math.sqrt((0.09 + 0.16) / 2))
+    st = trajectory_stats([0.0, 2.0, 0.0], seed_sd=[np.nan] * 3, n_seeds=[2] * 3)
+    assert math.isnan(st["hops"]) and st["learning_crossings"] == 0
+    with pytest.raises(ValueError):
+        zigzag_legs([0.0, np.nan], 1.0)
+
+
+def test_hop_threshold_rarely_calls_pure_noise_a_hop():
+    """The stated rule (k = 3 standard errors of a difference) on tracks of pure evaluation
+    noise: 10 checkpoints whose values are the mean of 3 seeds; the sample seed sd sets h."""
+    rng = np.random.default_rng(1)
+    n_tracks, n_ck, n_seeds, false = 2000, 10, 3, 0
+    for _ in range(n_tracks):
+        per_seed = rng.normal(0.0, 1.0, size=(n_ck, n_seeds))
+        h = hop_threshold(per_seed.std(axis=1, ddof=1), [n_seeds] * n_ck)
+        false += hop_stats(per_seed.mean(axis=1), threshold=h).hops > 0
+    assert false / n_tracks <= 0.05
+
+
 # --- the run-folder entry point ---------------------------------------------------------
 
 
@@ -138,10 +211,18 @@ def test_compute_dynamics_tables(run):
     assert v["noise_seed_sd"] == pytest.approx(0.2 / math.sqrt(2))  # per-seed means m +- 0.1
     assert v["signal_range"] == pytest.approx(2.5)
     assert v["snr_seed"] == pytest.approx(2.5 / (0.2 / math.sqrt(2)))
+    # hop threshold 3 * sqrt(2/2) * 0.1414 = 0.424: legs 1 -> -0.5 -> 2 -> 1, i.e. 3 legs = 1 hop
+    assert v["hop_threshold"] == pytest.approx(3 * 0.2 / math.sqrt(2))
+    assert v["hops"] == 1 and v["hop_legs"] == 3 and v["hop_turning_steps"] == "20;40"
+    assert v["learning_crossings"] == 0 and v["undone_crossings"] == 2
+    w = st.loc["conf/w"]  # -0.03 -> 3.0: learns and crosses zero once; seed sd 0 -> any leg counts, still one leg
+    assert w["hops"] == 0 and w["learning_crossings"] == 1 and w["sign_changes"] == 1 and w["undone_crossings"] == 0
+    assert st.loc["cap/v", "hops"] == 0 and st.loc["cap/w", "hops"] == 0
     nll = st.loc["heldout_nll/bpb"]
     assert nll["metric"] == "bits_per_byte" and not nll["higher_is_better"]
     assert nll["largest_drop"] == pytest.approx(0.05) and nll["largest_drop_step"] == 30
     assert math.isnan(nll["sign_changes"]) and math.isnan(nll["flip_rate"])
+    assert math.isnan(nll["hops"]) and math.isnan(nll["hop_threshold"])  # no seed noise for bits per byte
     assert st.loc["cap/v:gen_consistency", "kind"] == "generation"
 
     # flip rate = mean over pairs of the per-pair flip fraction (hand count for conf/w)
@@ -158,7 +239,9 @@ def test_compute_dynamics_tables(run):
 
     rho, n = res.correlation, res.correlation_n
     assert rho.loc["cap/v", "cap/w"] == pytest.approx(-1.0) and n.loc["cap/v", "cap/w"] == 5
-    assert rho.loc["cap/v", "heldout_nll/bpb"] == pytest.approx(-0.9)  # bpb ranks 5,3,4,2,1
+    # bits per byte is oriented (negated) before correlating: bpb ranks 5,3,4,2,1 -> oriented 1,3,2,4,5,
+    # so a falling bpb agrees with a rising margin
+    assert rho.loc["cap/v", "heldout_nll/bpb"] == pytest.approx(0.9)
     corr = pd.read_csv(run / "dynamics" / "correlation.csv")
     row = corr[(corr.track_a == "cap/v") & (corr.track_b == "cap/w")].iloc[0]
     assert row.spearman_rho == pytest.approx(-1.0) and row.n_checkpoints == 5
@@ -166,6 +249,8 @@ def test_compute_dynamics_tables(run):
     traj = res.trajectories[res.trajectories["track"] == "conf/v"]
     assert traj["seed_min"].tolist() == pytest.approx([0.9, -0.6, 0.4, 1.9, 0.9])
     assert traj["seed_max"].tolist() == pytest.approx([1.1, -0.4, 0.6, 2.1, 1.1])
+    bpb = res.trajectories[res.trajectories["track"] == "heldout_nll/bpb"]
+    assert bpb["oriented_value"].tolist() == pytest.approx([-1.5, -1.4, -1.45, -1.3, -1.2])
 
     out = run / "dynamics"
     for name in ("dynamics.csv", "trajectories.csv", "pairs.csv", "correlation.csv", "manifest.json",
@@ -173,7 +258,8 @@ def test_compute_dynamics_tables(run):
         assert (out / name).is_file(), name
     assert (out / "margin_trajectories.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     disk = pd.read_csv(out / "dynamics.csv")
-    for col in ("sign_changes", "total_variation", "flip_rate", "largest_drop", "signal_range", "noise_seed_sd",
+    for col in ("hops", "hop_legs", "hop_threshold", "learning_crossings", "excess_variation", "sign_changes",
+                "total_variation", "flip_rate", "largest_drop", "signal_range", "noise_seed_sd",
                 "noise_last_sd", "noise_last_diff_sd", "snr_last", "snr_seed", "noise_window"):
         assert col in disk.columns
     assert json.loads((out / "manifest.json").read_text())["kind"] == "dynamics"

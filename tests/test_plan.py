@@ -43,7 +43,7 @@ def test_bad_selection_blocks_name_the_problem(raw, match):
 
 
 def test_defaults_and_lower_is_better_metrics():
-    s = selection_spec_from_dict({"primary": "heldout_bpb", "constraints": [{"metric": "heldout_loss", "max": 3}]})
+    s = selection_spec_from_dict({"primary": "sft_heldout_bpb", "constraints": [{"metric": "heldout_loss", "max": 3}]})
     assert s.direction == "lower" and s.constraints[0].passes(2.9) and not s.constraints[0].passes(3.1)
     assert not s.constraints[0].passes(float("nan"))
     assert selection_spec_from_dict(None).primary == "task_accuracy"

@@ -62,14 +62,14 @@ def test_full_report_is_self_contained(tmp_path):
     assert md_path == run / "report.md" and html_path == run / "report.html"
     md, page = md_path.read_text(), html_path.read_text()
 
-    for title in ("Summary", "Shortlist", "Margin trajectories", "Accuracy against margin", "Signal and noise",
+    for title in ("Summary", "Shortlist", "Margin trajectories", "Accuracy against margin", "Hops", "Signal and noise",
                   "Correlation across probes", "Averaging vs raw", "Caveats", "Provenance"):
         assert f"## {title}" in md
         assert f">{title}</h2>" in page
     assert md.index("## Summary") < md.index("## Shortlist") < md.index("## Caveats")
     summary_md = md[md.index("## Summary"):md.index("## Shortlist")]
     assert sl.selected and all(f"`{c}`" in summary_md for c in sl.selected)
-    assert "Mode-hopping" in summary_md and "Signal to noise" in summary_md and "Averaging" in summary_md
+    assert "Hops (conflict tracks)" in summary_md and "Signal to noise" in summary_md and "Averaging" in summary_md
     assert "pilot SFT" in md[md.index("## Caveats"):]
     assert "a third answer can win" in page
 
@@ -113,3 +113,110 @@ def test_both_renderers_share_one_section_list(tmp_path):
     assert "| a\\|b | c |" in md and "| 1\\|2 | 3 |" in md and "![alt text](f.png)" in md
     assert "<code>k</code>" in page and "<strong>now</strong>" in page and "&lt;b&gt;" in page
     assert "data:image/png;base64," in page and json.dumps("look here")[1:-1] in page
+
+
+# --- report text -----------------------------------------------------------------------
+
+
+def test_hop_headline_counts_conflict_tracks_and_names_capability_separately(tmp_path):
+    from probeselect._probe_sections import hop_headline
+
+    stats = pd.DataFrame([
+        dict(track="conf/a", kind="conflict", metric="mean_margin", hops=2.0, hop_threshold=0.3, learning_crossings=0.0),
+        dict(track="conf/b", kind="conflict", metric="mean_margin", hops=0.0, hop_threshold=0.3, learning_crossings=1.0),
+        dict(track="conf/c", kind="conflict", metric="mean_margin", hops=np.nan, hop_threshold=np.nan,
+             learning_crossings=0.0),
+        dict(track="cap/x", kind="capability", metric="mean_margin", hops=1.0, hop_threshold=0.2, learning_crossings=1.0),
+        dict(track="heldout_nll/bpb", kind="nll", metric="bits_per_byte", hops=np.nan, hop_threshold=np.nan,
+             learning_crossings=np.nan),
+    ])
+    conflict, capability = hop_headline(stats, 6)
+    assert conflict.startswith("**Hops (conflict tracks)**: 2 hop(s) on 1 of 3 conflict tracks over 6 checkpoints")
+    assert "`conf/a` 2" in conflict and "cap/x" not in conflict
+    assert "1 track(s) n/a" in conflict and "`conf/b`" in conflict and "learning crossings, not hops" in conflict
+    assert capability.startswith("**Capability tracks**") and "1 hop(s) on 1 of 1 tracks (`cap/x` 1)" in capability
+    assert hop_headline(stats, 2) == [hop_headline(stats, 2)[0]] and "n/a (needs >= 3 checkpoints" in hop_headline(stats, 2)[0]
+
+
+def test_two_checkpoint_run_never_prints_nan(tmp_path):
+    run = _make_run(tmp_path / "run", [1, 2])
+    md = write_report(run).md.read_text()
+    assert not re.search(r"\bnan\b", md, flags=re.IGNORECASE), re.search(r".{60}\bnan\b.{20}", md, flags=re.I)
+    assert "n/a (needs >= 3 checkpoints" in md
+
+
+def test_title_names_the_run_not_the_stage_folder(tmp_path):
+    from probeselect._report_blocks import run_name
+
+    assert run_name(tmp_path / "score", {"command": ["probeselect", "run", "recipes/demo.yaml", "out=x"]}) == "demo"
+    assert run_name(tmp_path / "score", {"config": {"checkpoints": "results/demo/ladder"}}) == "ladder demo/ladder"
+    assert run_name(tmp_path / "x" / "score", None) == "x/score"
+    run = _make_run(tmp_path / "demo" / "score", [1, 2, 3])
+    assert write_report(run).md.read_text().splitlines()[0] == "# probeselect report: demo/score"
+
+
+def test_rank_tables_are_split_and_figures_are_readable(tmp_path):
+    from probeselect._probe_sections import _rank_tables
+    from probeselect.dynamics import MIN_FONT_PT, accuracy_vs_margin_figure, correlation_figure
+
+    ck = [f"c{i}" for i in range(4)]
+    cols = {f"rank[f/v{j}:mean_margin]": [1.0, 2.0, 3.0, 4.0] for j in range(10)}
+    sl = pd.DataFrame({"checkpoint": ck, **cols, "rank[f/*:mean_margin]": [1.0, 2.0, 3.0, 4.0],
+                       "topk_frac[f/*:mean_margin]": [1.0, 1.0, 0.0, 0.0]})
+    blocks = _rank_tables(sl, {"proxies": [{"id": "f/*:mean_margin"}]}, max_cols=7)
+    tables = [b for b in blocks if isinstance(b, Table)]
+    assert len(tables) == 2 and all(len(t.header) <= 10 for t in tables)
+    assert sum(len(t.header) - 1 for t in tables) == 12  # 10 variants + proxy rank + top-k share, nothing lost
+
+    # 23 tracks: every track is in a legend, every label >= 9 pt
+    rows = []
+    for f in range(8):
+        for v in range(3 if f < 7 else 2):
+            for i, step in enumerate((10, 20, 30)):
+                rows.append(dict(track=f"fam{f}/v{v}", family=f"fam{f}", variant=f"v{v}", kind="conflict",
+                                 metric="mean_margin", step=step, value=0.1 * i + v, accuracy=0.5 + 0.1 * i))
+    traj = pd.DataFrame(rows)
+    assert traj["track"].nunique() == 23
+    pairs = pd.DataFrame({"family": ["fam0"], "d_mean_margin": [0.1], "d_accuracy": [0.2],
+                          "flag_acc_moves_margin_still": [False]})
+    fig = accuracy_vs_margin_figure(traj, pairs)
+    legends = {(ax.get_title().split(" (")[0], t.get_text()) for ax in fig.axes if ax.get_legend()
+               for t in ax.get_legend().get_texts()}
+    assert {(r.family, r.variant) for r in traj.itertuples()} <= legends
+    names = sorted(traj["track"].unique())
+    rho = pd.DataFrame(np.eye(23), index=names, columns=names)
+    heat = correlation_figure(rho, pd.DataFrame(3, index=names, columns=names))
+    ax = heat.axes[0]
+    labels = ax.get_xticklabels() + ax.get_yticklabels() + ax.texts
+    assert len(ax.texts) == 23 * 23 and min(t.get_fontsize() for t in labels) >= MIN_FONT_PT >= 9
+
+
+# --- module structure -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("module", ["probeselect._report_blocks", "probeselect._probe_sections",
+                                    "probeselect.report", "probeselect.final_report", "probeselect.metrics"])
+def test_each_report_module_imports_alone(module):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
+def test_report_modules_do_not_import_each_other():
+    """report -> final_report is the only edge between the two reports; the shared blocks import neither."""
+    import ast
+    from pathlib import Path
+
+    import probeselect
+
+    pkg = Path(probeselect.__file__).parent
+
+    def imports(name):
+        tree = ast.parse((pkg / f"{name}.py").read_text())
+        return {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module}
+
+    assert "report" not in imports("final_report")
+    for shared in ("_report_blocks", "_probe_sections"):
+        assert not {"report", "final_report"} & imports(shared), shared

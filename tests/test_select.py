@@ -206,9 +206,35 @@ def test_selection_report_sections(run):
     pos = [md.index(s) for s in order]
     assert pos == sorted(pos)
     top = md[pos[0]:pos[1]]
-    assert "**Recommended base: `checkpoint-40`.**" in top and "**Predeclared**" in top
-    assert "beats" in top and "paired bootstrap" in top and "Confirmation**: not run" in top
-    assert "checkpoint-60 seed 1: 1 resumes" in top and "checkpoint-60 seed 1: 2 loss spikes" in top
+    assert "**Recommended base (pilot only, not yet confirmed): `checkpoint-40`**" in top and "**Predeclared**" in top
+    assert "beats" in top and "Confirmation**: not run" in top
+    assert "1 resumes (`checkpoint-60` seed 1: 1)" in top and "2 loss spikes (`checkpoint-60` seed 1: 2)" in top
     caveats = md[md.index("## Caveats"):md.index("## Provenance")]
     assert "reverse" in caveats and "not free-generation accuracy" in caveats and "One-probe evidence" in caveats
     assert "<script" not in page and 'src="data:image/png;base64,' in page
+
+
+def test_proxy_validation_correlates_the_oriented_quantity_the_shortlist_ranks(tmp_path):
+    """A bits-per-byte proxy that falls while transfer rises agrees (+1), and a "*" proxy is
+    judged on its mean per-variant rank (what the shortlist ranks), not on its mean value."""
+    from probeselect.plan import load_selection_plan
+    from probeselect.select import proxy_validation
+
+    p = tmp_path / "plan.yaml"
+    p.write_text(PLAN.replace('  - {family: rel, variant: x, metric: mean_margin}\n',
+                              '  - {family: heldout_nll, variant: bpb, metric: bits_per_byte}\n'))
+    plan = load_selection_plan(p)
+    bases = ["b1", "b2", "b3", "b4"]
+    # conf/*: variant means favour b4 (one huge variant value) but its mean per-variant rank is the worst
+    sl = pd.DataFrame({"checkpoint": bases,
+                       "value[conf/*:mean_margin]": [0.3, 0.2, 0.1, 5.0],
+                       "score[conf/*:mean_margin]": [-1.0, -2.0, -3.0, -3.5],
+                       "value[heldout_nll/bpb:bits_per_byte]": [0.9, 1.0, 1.1, 1.2],
+                       "score[heldout_nll/bpb:bits_per_byte]": [-0.9, -1.0, -1.1, -1.2],
+                       "mean_rank": [1.0, 2.0, 3.0, 4.0]})
+    point = pd.Series([0.9, 0.7, 0.5, 0.1], index=bases)  # transfer falls b1 -> b4
+    rows, _, _ = proxy_validation(sl, plan, point, plan.selection)
+    r = rows.set_index("proxy")["spearman"]
+    assert r["heldout_nll/bpb:bits_per_byte"] == pytest.approx(1.0)  # raw bpb would give -1
+    assert r["conf/*:mean_margin"] == pytest.approx(1.0)  # the mean value would give 0.4
+    assert r["shortlist aggregate (mean_rank)"] == pytest.approx(1.0)

@@ -168,3 +168,19 @@ def test_every_recipe_plan_is_valid():
         assert len(plan.proxies) >= 2 and plan.k >= 1
     text = (REPO / "recipes" / "selection.yaml").read_text()
     assert "probeselect shortlist" in text.splitlines()[1]
+
+
+def test_ranks_and_scores_are_oriented(tmp_path, run):
+    """bits per byte ranks lowest first without a `direction:`; score[...] is the oriented
+    quantity that is ranked (higher = better), which proxy validation correlates."""
+    plan = PROXIES.replace("  - {family: rel, variant: x, metric: mean_margin}\n",
+                           "  - {family: heldout_nll, variant: bpb, metric: bits_per_byte}\n")
+    t = shortlist(run, _plan(tmp_path, plan + "k: 2\n")).table.set_index("checkpoint")
+    assert t["rank[heldout_nll/bpb:bits_per_byte]"].tolist() == [6, 4, 5, 1, 3, 2]  # BPB 1.50 1.40 1.46 1.30 1.33 1.31
+    assert t["score[heldout_nll/bpb:bits_per_byte]"].tolist() == pytest.approx([-b for b in BPB])
+    # a "*" proxy is ranked by its mean per-variant rank: the score is minus that mean
+    per_var = t[["rank[conf/a:mean_margin]", "rank[conf/b:mean_margin]", "rank[conf/c:mean_margin]"]].mean(axis=1)
+    assert t["score[conf/*:mean_margin]"].tolist() == pytest.approx((-per_var).tolist())
+    for col in [c for c in t.columns if c.startswith("score[")]:
+        pid = col[len("score["):-1]
+        assert (t[col].rank(ascending=False) == t[f"rank[{pid}]"]).all(), pid  # higher score = better rank

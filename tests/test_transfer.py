@@ -66,7 +66,7 @@ def test_metric_set_ranges_and_determinism(model_tok, cfg, items_df):
     vocab = model.config.vocab_size
     loss = df.loc[df.metric == "heldout_loss", "value"]
     assert (loss > 0).all() and (loss < 2 * math.log(vocab)).all()
-    assert (df.loc[df.metric == "heldout_bpb", "value"] > 0).all()
+    assert (df.loc[df.metric == "sft_heldout_bpb", "value"] > 0).all()
     again = evaluate_transfer(model, tok, cfg, device="cpu")
     pd.testing.assert_frame_equal(df, again)
     assert not model.training
@@ -92,7 +92,7 @@ def test_heldout_loss_equals_direct_hf_forward(model_tok, cfg, items_df):
         total_bytes += len(r["response"].encode())
     summ = summarize_transfer(items_df).set_index("metric")
     assert summ.loc["heldout_loss", "value"] == pytest.approx(total_nats / total_tokens, abs=1e-5)
-    assert summ.loc["heldout_bpb", "value"] == pytest.approx(total_nats / math.log(2) / total_bytes, abs=1e-5)
+    assert summ.loc["sft_heldout_bpb", "value"] == pytest.approx(total_nats / math.log(2) / total_bytes, abs=1e-5)
     assert summ.loc["heldout_loss", "n"] == len(rows)
 
 
@@ -216,19 +216,19 @@ def test_summarize_transfer_token_weighting():
     df = pd.DataFrame([
         {"item_id": "a", "kind": "k", "metric": "heldout_loss", "value": 1.0, "weight": 1.0},
         {"item_id": "b", "kind": "k", "metric": "heldout_loss", "value": 4.0, "weight": 3.0},
-        {"item_id": "a", "kind": "k", "metric": "heldout_bpb", "value": 2.0, "weight": 10.0},
-        {"item_id": "b", "kind": "k", "metric": "heldout_bpb", "value": 1.0, "weight": 30.0},
+        {"item_id": "a", "kind": "k", "metric": "sft_heldout_bpb", "value": 2.0, "weight": 10.0},
+        {"item_id": "b", "kind": "k", "metric": "sft_heldout_bpb", "value": 1.0, "weight": 30.0},
         {"item_id": "a", "kind": "k", "metric": "task_accuracy", "value": 1.0, "weight": 1.0},
         {"item_id": "b", "kind": "k", "metric": "task_accuracy", "value": 0.0, "weight": 1.0},
         {"item_id": "c", "kind": "k", "metric": "task_accuracy", "value": 0.0, "weight": 1.0},
     ])
     s = summarize_transfer(df)
-    assert list(s["metric"]) == ["task_accuracy", "heldout_loss", "heldout_bpb"]
+    assert list(s["metric"]) == ["task_accuracy", "heldout_loss", "sft_heldout_bpb"]
     v = s.set_index("metric")
     assert v.loc["heldout_loss", "value"] == pytest.approx(13.0 / 4.0)  # not the item mean 2.5
-    assert v.loc["heldout_bpb", "value"] == pytest.approx(50.0 / 40.0)
+    assert v.loc["sft_heldout_bpb", "value"] == pytest.approx(50.0 / 40.0)
     assert v.loc["task_accuracy", "value"] == pytest.approx(1 / 3)
-    assert v["n"].to_dict() == {"task_accuracy": 3, "heldout_loss": 2, "heldout_bpb": 2}
+    assert v["n"].to_dict() == {"task_accuracy": 3, "heldout_loss": 2, "sft_heldout_bpb": 2}
     with pytest.raises(TransferError, match="token-weighted"):
         summarize_transfer(df.drop(columns="weight"))
     acc = summarize_transfer(df[df.metric == "task_accuracy"].drop(columns="weight"))

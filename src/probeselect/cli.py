@@ -94,8 +94,11 @@ def _cmd_probes(args: argparse.Namespace) -> int:
 def _cmd_dynamics(args: argparse.Namespace) -> int:
     from .dynamics import compute_dynamics
 
-    res = compute_dynamics(args.run_dir, noise_window=args.noise_window, plots=not args.no_plots)
-    cols = ["track", "n_checkpoints", "sign_changes", "total_variation", "flip_rate", "largest_drop", "snr_last_diff"]
+    if not args.hop_k > 0:
+        raise ProbeselectError(f"--hop-k must be a positive number, got {args.hop_k}.")
+    res = compute_dynamics(args.run_dir, noise_window=args.noise_window, hop_k=args.hop_k, plots=not args.no_plots)
+    cols = ["track", "n_checkpoints", "hops", "hop_threshold", "learning_crossings", "excess_variation", "flip_rate",
+            "snr_last_diff"]
     cols = [c for c in cols if c in res.stats.columns]
     print(res.stats[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     for note in res.notes:
@@ -215,6 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "pairs.csv, correlation.csv and plots into RUN_DIR/dynamics/.")
     d.add_argument("run_dir", metavar="RUN_DIR", help="a folder written by `probeselect score`")
     d.add_argument("--noise-window", type=int, default=5, help="last W checkpoints used for the noise estimate (default 5)")
+    d.add_argument("--hop-k", type=float, default=3.0, metavar="K",
+                   help="hop threshold in standard errors of a checkpoint-to-checkpoint difference (from the "
+                        "evaluation-seed sd; default 3): both legs of a hop must move more than this")
     d.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     d.set_defaults(func=_cmd_dynamics)
 

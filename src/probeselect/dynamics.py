@@ -4,11 +4,14 @@
 ``scores.parquet`` and ``manifest.json``) and writes ``run_dir/dynamics/``:
 
 * ``dynamics.csv`` - one row per *track* (statistics below);
-* ``trajectories.csv`` - one row per track x checkpoint (the values that are plotted);
+* ``trajectories.csv`` - one row per track x checkpoint (the values that are plotted, and
+  ``oriented_value`` = value x direction, higher = better);
 * ``pairs.csv`` - one row per margin track x consecutive checkpoint pair: hard accuracy
   next to the continuous margin, with flags;
 * ``correlation.csv`` - Spearman correlation of every pair of tracks across checkpoints,
-  long form (``track_a, track_b, spearman_rho, n_checkpoints``);
+  long form (``track_a, track_b, spearman_rho, n_checkpoints``), computed on **oriented**
+  values (:func:`probeselect.metrics.oriented`: higher = better for every track, so bits
+  per byte is negated and +1 means the two tracks agree on which checkpoints are better);
 * ``margin_trajectories.png``, ``accuracy_vs_margin.png``, ``correlation.png``;
 * ``manifest.json`` - parameters, input hashes, versions.
 
@@ -23,11 +26,38 @@ A **track** is one metric of one family x prompt variant followed across checkpo
 Checkpoints are taken in step order. With ``m_1..m_n`` the track's checkpoint values and
 ``d_i = m_{i+1} - m_i``:
 
+* **hops** - a hop is a move of the track that is later undone: a rise then a fall, or a
+  fall then a rise, whose *both* legs exceed the noise threshold ``h``. The threshold comes
+  from the evaluation-seed spread: with ``s`` the pooled seed sd of the track (root mean
+  square over checkpoints of ``seed_sd``, the sd across evaluation seeds of the per-seed
+  mean margin, in nats) and ``n`` its number of evaluation seeds (the smallest over
+  checkpoints), a checkpoint value has standard error ``s / sqrt(n)`` and the difference of
+  two checkpoint values ``sqrt(2) * s / sqrt(n)``; ``h = k * sqrt(2 / n) * s`` with
+  ``k = HOP_K = 3`` (``hop_threshold`` in ``dynamics.csv``). The legs are found by a
+  zig-zag (hysteresis) filter (:func:`zigzag_legs`): from the start, follow the running
+  extreme; a turning point is confirmed when the track moves back from the extreme by
+  more than ``h``, and the next leg starts there. Consecutive legs alternate in direction
+  and each changes the value by more than ``h``; ``hop_legs`` counts them and ``hops`` =
+  ``floor(hop_legs / 2)``: each completed up-then-down or down-then-up excursion counts
+  once, without overlap. Monotone learning, however steep, is one leg (0 hops); a dip that
+  recovers is two legs after any rise (1 hop); two dips are 2 hops; wiggles within ``h``
+  are no leg at all. ``hop_turning_steps`` lists the steps of the confirmed turning points.
+  ``hops`` is NaN (n/a) with fewer than 3 checkpoints, or when ``h`` is unknown (no seed sd:
+  a single evaluation seed, held-out bits per byte, generation columns). On tracks of pure
+  evaluation noise (10 checkpoints) the rule calls a hop on about 3% of tracks with 3 or 5
+  seeds and about 7% with 2 (one degree of freedom per seed sd makes ``h`` itself noisy;
+  ``tests/test_dynamics.py`` pins <= 5% for 3 seeds);
+* ``learning_crossings`` - 1 when the first and last nonzero values lie on opposite sides
+  of zero (the track crossed zero and stayed: learning, not a hop), else 0 (margin tracks
+  only); ``undone_crossings`` = ``sign_changes - learning_crossings`` (crossings later
+  reversed);
 * ``sign_changes`` - number of i with ``m_i * m_{i+1} < 0`` (margin tracks only; a
-  checkpoint whose mean margin is exactly 0 starts no change);
+  checkpoint whose mean margin is exactly 0 starts no change). A track that learns crosses
+  zero once: a sign change is not a hop;
 * ``total_variation`` - ``sum |d_i|``; ``mean_abs_change`` = total_variation / (n - 1);
   ``excess_variation`` = total_variation - ``|m_n - m_1|``, the movement that was later
-  undone (0 for a monotone trajectory, so a steady trend does not count as fluctuation);
+  undone (in the metric's units: nats for margins; 0 for a monotone trajectory, so a
+  steady trend does not count as fluctuation);
 * ``largest_drop`` - the largest single worsening, ``max(0, max_i -d_i)`` for
   higher-is-better metrics (``max(0, max_i d_i)`` for bits per byte), at
   ``largest_drop_step`` (the later checkpoint of the pair);
@@ -66,7 +96,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -74,6 +104,7 @@ import pandas as pd
 from ._io import atomic_write_csv, atomic_write_json, sha256_file
 from .errors import ProbeselectError
 from .manifest import base_manifest
+from .metrics import direction
 
 __all__ = [
     "DynamicsResult",
@@ -85,10 +116,19 @@ __all__ = [
     "flip_rates",
     "spearman_matrix",
     "EXTRA_TRACK_METRICS",
+    "HOP_K",
+    "Leg",
+    "HopStats",
+    "hop_threshold",
+    "zigzag_legs",
+    "hop_stats",
 ]
 
 #: Sampled-generation summary columns that become their own tracks when present.
 EXTRA_TRACK_METRICS = ("gen_consistency",)
+#: Hop threshold multiplier: a leg counts when it moves by more than HOP_K standard errors of
+#: a difference of two checkpoint values (see the module docstring and :func:`hop_threshold`).
+HOP_K = 3.0
 #: Order of kinds in tables and plots.
 KIND_ORDER = {"conflict": 0, "capability": 1, "nll": 2, "generation": 3}
 _SCORE_COLUMNS = ["checkpoint", "step", "family", "variant", "seed", "item_id", "margin", "correct"]
@@ -206,18 +246,18 @@ def track_table(summary: pd.DataFrame) -> pd.DataFrame:
     if "mean_margin" in s.columns:
         m = s[s["kind"].ne("nll") & s["mean_margin"].notna()]
         parts.append(m[base + extra[:-1]].assign(
-            metric="mean_margin", higher_is_better=True, value=m["mean_margin"],
+            metric="mean_margin", higher_is_better=direction("mean_margin") > 0, value=m["mean_margin"],
             track=m["family"].astype(str) + "/" + m["variant"]))
     if "bits_per_byte" in s.columns:
         m = s[s["kind"].eq("nll") & s["bits_per_byte"].notna()]
         parts.append(m[base].assign(
-            metric="bits_per_byte", higher_is_better=False, value=m["bits_per_byte"],
+            metric="bits_per_byte", higher_is_better=direction("bits_per_byte") > 0, value=m["bits_per_byte"],
             track=m["family"].astype(str) + "/" + m["variant"]))
     for col in EXTRA_TRACK_METRICS:
         if col in s.columns:
             m = s[s[col].notna()]
             parts.append(m[base].assign(
-                kind="generation", metric=col, higher_is_better=True, value=m[col],
+                kind="generation", metric=col, higher_is_better=direction(col) > 0, value=m[col],
                 track=m["family"].astype(str) + "/" + m["variant"] + ":" + col))
     cols = ["track", "family", "variant", "kind", "metric", "higher_is_better", "checkpoint", "step", "tokens",
             "value", "seed_sd", "ci_low", "ci_high", "accuracy", "candidate_accuracy", "n_items", "n_seeds"]
@@ -249,6 +289,118 @@ def _ratio(a: float, b: float) -> float:
     return float(a / b)
 
 
+class Leg(NamedTuple):
+    """One confirmed leg of a zig-zag: from index ``start`` to ``end``, ``change`` = m[end] - m[start]."""
+
+    start: int
+    end: int
+    change: float
+
+
+class HopStats(NamedTuple):
+    """What :func:`hop_stats` returns (definitions: module docstring)."""
+
+    hops: float  # NaN when undefined (< 3 values or unknown threshold)
+    legs: list[Leg]
+    threshold: float
+    learning_crossings: float  # NaN for unsigned tracks
+    sign_changes: float
+
+
+def hop_threshold(seed_sd, n_seeds, *, k: float = HOP_K) -> float:
+    """The hop noise threshold ``h = k * sqrt(2 / n) * s`` (in the track's units).
+
+    ``s`` = root mean square of the finite ``seed_sd`` values (pooled evaluation-seed sd of
+    the per-seed mean), ``n`` = the smallest finite ``n_seeds`` (>= 2). ``s / sqrt(n)`` is
+    the standard error of one checkpoint value, ``sqrt(2)`` times it that of a difference
+    of two. NaN when there is no finite seed sd or fewer than 2 seeds (a single evaluation
+    seed gives no noise estimate).
+    """
+    sd = np.asarray(seed_sd if seed_sd is not None else [], dtype=float).ravel()
+    sd = sd[np.isfinite(sd)]
+    n = np.asarray(n_seeds if n_seeds is not None else [], dtype=float).ravel()
+    n = n[np.isfinite(n)]
+    if not sd.size or not n.size or n.min() < 2:
+        return float("nan")
+    pooled = float(np.sqrt(np.mean(sd ** 2)))
+    return float(k * math.sqrt(2.0 / n.min()) * pooled)
+
+
+def zigzag_legs(values, threshold: float) -> list[Leg]:
+    """The legs of ``values`` that move by more than ``threshold`` (hysteresis filter).
+
+    Starting from the first value, follow the running maximum and minimum; the first move
+    of more than ``threshold`` away from one of them fixes the first turning point there.
+    Then, in an up leg, track the running maximum until the values fall more than
+    ``threshold`` below it (that maximum is a confirmed turning point and a down leg
+    starts), and symmetrically for a down leg. The last leg ends at its running extreme.
+    Consecutive legs alternate in direction and each has ``|change| > threshold``.
+    ``values`` must be finite; indices refer to positions in ``values``.
+    """
+    m = np.asarray(values, dtype=float)
+    if not np.isfinite(m).all():
+        raise ValueError("zigzag_legs needs finite values; drop missing checkpoints first")
+    if not (threshold >= 0):  # also rejects NaN
+        raise ValueError(f"threshold must be a number >= 0, got {threshold!r}")
+    n = len(m)
+    if n < 2:
+        return []
+    # Floating-point dust is never a leg, even with a zero threshold.
+    h = max(float(threshold), 1e-12 * max(1.0, float(np.max(np.abs(m)))))
+    pivots: list[int] = []
+    trend = 0
+    lo = hi = 0  # indices of the running extremes
+    for i in range(1, n):
+        x = m[i]
+        if trend == 0:
+            if x > m[hi]:
+                hi = i
+            if x < m[lo]:
+                lo = i
+            if m[hi] - m[lo] > h:
+                if hi == i:  # rose from the low
+                    pivots.append(lo)
+                    trend = 1
+                else:
+                    pivots.append(hi)
+                    trend = -1
+        elif trend == 1:
+            if x > m[hi]:
+                hi = i
+            elif m[hi] - x > h:
+                pivots.append(hi)
+                trend, lo = -1, i
+        else:
+            if x < m[lo]:
+                lo = i
+            elif x - m[lo] > h:
+                pivots.append(lo)
+                trend, hi = 1, i
+    if trend != 0:
+        pivots.append(hi if trend == 1 else lo)
+    return [Leg(int(a), int(b), float(m[b] - m[a])) for a, b in zip(pivots, pivots[1:])]
+
+
+def hop_stats(values, *, threshold: float, signed: bool = True) -> HopStats:
+    """Hops, legs, learning crossings and sign changes of one track (module docstring).
+
+    NaN values (missing checkpoints) are dropped first; leg indices refer to the
+    remaining values. ``hops`` is NaN with fewer than 3 values or a NaN threshold.
+    """
+    m = np.asarray(values, dtype=float)
+    m = m[np.isfinite(m)]
+    nan = float("nan")
+    sign_changes = float(np.sum(m[:-1] * m[1:] < 0)) if signed and len(m) >= 2 else (0.0 if signed else nan)
+    learning = nan
+    if signed:
+        nz = m[m != 0]
+        learning = float(len(nz) >= 2 and np.sign(nz[0]) != np.sign(nz[-1]))
+    if len(m) < 3 or not np.isfinite(threshold):
+        return HopStats(nan, [], float(threshold), learning, sign_changes)
+    legs = zigzag_legs(m, threshold)
+    return HopStats(float(len(legs) // 2), legs, float(threshold), learning, sign_changes)
+
+
 def trajectory_stats(
     values,
     *,
@@ -256,20 +408,33 @@ def trajectory_stats(
     higher_is_better: bool = True,
     signed: bool = True,
     seed_sd=None,
+    n_seeds=None,
     noise_window: int = 5,
-) -> dict[str, float]:
+    hop_k: float = HOP_K,
+) -> dict[str, Any]:
     """Mode-hopping and signal/noise statistics of one track's checkpoint values.
 
     ``values`` are the per-checkpoint values in step order; ``signed`` counts sign changes
-    (margins); ``seed_sd`` the per-checkpoint seed sds. Definitions: module docstring.
+    and learning crossings (margins); ``seed_sd`` the per-checkpoint seed sds and
+    ``n_seeds`` the per-checkpoint numbers of evaluation seeds (both set the hop threshold,
+    :func:`hop_threshold` with ``k = hop_k``). Definitions: module docstring.
     """
     m = np.asarray(values, dtype=float)
     n = len(m)
     steps = np.arange(n) if steps is None else np.asarray(steps, dtype=float)
     nan = float("nan")
-    out: dict[str, float] = {"n_checkpoints": n}
+    out: dict[str, Any] = {"n_checkpoints": n}
     d = np.diff(m)
-    out["sign_changes"] = int(np.sum(m[:-1] * m[1:] < 0)) if signed else nan
+    h = hop_threshold(seed_sd, n_seeds, k=hop_k)
+    hs = hop_stats(m, threshold=h, signed=signed)
+    out["hops"] = hs.hops
+    out["hop_legs"] = float(len(hs.legs)) if np.isfinite(hs.hops) else nan
+    out["hop_threshold"] = h
+    finite_steps = steps[np.isfinite(m)]
+    out["hop_turning_steps"] = ";".join(fmt_step(finite_steps[leg.end]) for leg in hs.legs[:-1])
+    out["learning_crossings"] = hs.learning_crossings
+    out["sign_changes"] = int(hs.sign_changes) if signed else nan
+    out["undone_crossings"] = (out["sign_changes"] - hs.learning_crossings) if signed else nan
     out["total_variation"] = float(np.abs(d).sum()) if n >= 2 else nan
     out["mean_abs_change"] = out["total_variation"] / (n - 1) if n >= 2 else nan
     if n >= 2:
@@ -298,6 +463,11 @@ def trajectory_stats(
     out["snr_last_diff"] = _ratio(out["signal_range"], out["noise_last_diff_sd"])
     out["snr_seed"] = _ratio(out["signal_range"], out["noise_seed_sd"])
     return out
+
+
+def fmt_step(x: float) -> str:
+    """A step for a label: ``1200`` (integers without a decimal point)."""
+    return str(int(x)) if np.isfinite(x) and float(x) == int(x) else f"{x:g}"
 
 
 def flip_rates(scores: pd.DataFrame, order: list[str] | None = None) -> pd.DataFrame:
@@ -379,6 +549,7 @@ def compute_dynamics(
     acc_jump: float = 0.10,
     small_margin_nats: float = 0.10,
     large_margin_nats: float = 0.50,
+    hop_k: float = HOP_K,
     plots: bool = True,
 ) -> DynamicsResult:
     """Compute mode-hopping, signal/noise and correlation statistics of a scored run and
@@ -386,7 +557,8 @@ def compute_dynamics(
 
     ``noise_window`` is the number of final checkpoints used for the checkpoint noise;
     ``acc_jump`` (fraction), ``small_margin_nats`` and ``large_margin_nats`` (nats) set the
-    flags in ``pairs.csv``. Definitions: module docstring. Returns :class:`DynamicsResult`.
+    flags in ``pairs.csv``; ``hop_k`` the hop threshold multiplier (:func:`hop_threshold`).
+    Definitions: module docstring. Returns :class:`DynamicsResult`.
     """
     run = load_run(run_dir)
     out_dir = run.run_dir / "dynamics"
@@ -397,7 +569,7 @@ def compute_dynamics(
                                "nothing to analyse. Re-run `probeselect score`.")
     order = checkpoint_order(run.summary)
     if len(order) < 3:
-        notes.append(f"only {len(order)} checkpoint(s): changes, signal/noise and correlations need at least 3.")
+        notes.append(f"only {len(order)} checkpoint(s): hops, jitter, signal/noise and correlations need at least 3.")
 
     flips = flip_rates(run.scores, order) if run.scores is not None else flip_rates(None)
     spread = seed_spread(run.scores) if run.scores is not None else seed_spread(None)
@@ -406,6 +578,7 @@ def compute_dynamics(
                      "(bands show mean +- seed sd instead).")
     traj = tracks.merge(spread, on=["family", "variant", "checkpoint"], how="left")
     traj.loc[traj["metric"].ne("mean_margin"), ["seed_min", "seed_max"]] = np.nan
+    traj["oriented_value"] = traj["value"] * traj["metric"].map(direction)
 
     stat_rows, pair_rows = [], []
     for name, g in traj.groupby("track", sort=False):
@@ -413,7 +586,8 @@ def compute_dynamics(
         is_margin = first["metric"] == "mean_margin"
         st = trajectory_stats(
             g["value"].to_numpy(), steps=g["step"].to_numpy(dtype=float), higher_is_better=bool(first["higher_is_better"]),
-            signed=is_margin, seed_sd=g["seed_sd"].to_numpy(dtype=float), noise_window=noise_window,
+            signed=is_margin, seed_sd=g["seed_sd"].to_numpy(dtype=float), n_seeds=g["n_seeds"].to_numpy(dtype=float),
+            noise_window=noise_window, hop_k=hop_k,
         )
         f = flips[(flips["family"] == first["family"]) & (flips["variant"] == first["variant"])]
         pairs = _pairs_for_track(g, f, acc_jump, small_margin_nats, large_margin_nats) if is_margin else []
@@ -434,10 +608,21 @@ def compute_dynamics(
             "n_flag_margin_moves_acc_still": sum(p["flag_margin_moves_acc_still"] for p in pairs) if is_margin else np.nan,
         })
     stats = pd.DataFrame(stat_rows)
+    margin_stats = stats[stats["metric"] == "mean_margin"]
+    no_h = margin_stats[~np.isfinite(margin_stats["hop_threshold"].astype(float))]
+    n_seeds = pd.to_numeric(traj.loc[traj["metric"] == "mean_margin", "n_seeds"], errors="coerce")
+    if len(order) >= 3 and n_seeds.notna().any() and n_seeds.min() == 2:
+        notes.append("only 2 evaluation seeds: each seed sd rests on one degree of freedom, so the hop threshold is "
+                     "itself noisy (on pure-noise tracks of 10 checkpoints about 7% show a hop with 2 seeds vs about 3% "
+                     "with 3). Score with --seeds 0 1 2 or more.")
+    if len(no_h) and len(order) >= 3:
+        notes.append(f"{len(no_h)} margin track(s) have no evaluation-seed sd (a single seed?): their hop threshold "
+                     "and hops are n/a. Score with --seeds 0 1 2 to measure the noise.")
     pairs_df = pd.DataFrame(pair_rows, columns=_PAIR_COLUMNS)
 
     names = track_names(traj)
-    wide = traj.pivot_table(index="checkpoint", columns="track", values="value", aggfunc="first")
+    # Oriented (higher = better for every track), so +1 always means "agree on which checkpoints are better".
+    wide = traj.pivot_table(index="checkpoint", columns="track", values="oriented_value", aggfunc="first")
     wide = wide.reindex(index=[c for c in order if c in wide.index], columns=names)
     rho, nn = spearman_matrix(wide)
     corr_long = pd.DataFrame(
@@ -446,7 +631,7 @@ def compute_dynamics(
     )
 
     traj_out = traj[["track", "family", "variant", "kind", "metric", "checkpoint", "step", "tokens", "value",
-                     "seed_sd", "seed_min", "seed_max", "ci_low", "ci_high", "accuracy", "candidate_accuracy",
+                     "oriented_value", "seed_sd", "seed_min", "seed_max", "ci_low", "ci_high", "accuracy", "candidate_accuracy",
                      "n_items", "n_seeds"]]
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_csv(out_dir / "dynamics.csv", stats)
@@ -462,7 +647,8 @@ def compute_dynamics(
         plot_paths["correlation"] = plot_correlation(rho, nn, out_dir / "correlation.png")
 
     config = {"run_dir": str(run.run_dir), "noise_window": noise_window, "acc_jump": acc_jump,
-              "small_margin_nats": small_margin_nats, "large_margin_nats": large_margin_nats}
+              "small_margin_nats": small_margin_nats, "large_margin_nats": large_margin_nats, "hop_k": hop_k,
+              "correlation": "spearman on oriented values (higher = better)"}
     man = base_manifest("dynamics", config)
     man["inputs"] = {n: sha256_file(run.run_dir / n) for n in ("summary.csv", "scores.parquet")
                      if (run.run_dir / n).is_file()}
@@ -509,7 +695,7 @@ def _pairs_for_track(g: pd.DataFrame, flips: pd.DataFrame, acc_jump: float, smal
 # Plots
 # ---------------------------------------------------------------------------
 
-_YLABELS = {"mean_margin": "mean margin (nats)", "bits_per_byte": "held-out bits per byte"}
+_YLABELS = {"mean_margin": "mean margin (nats)", "bits_per_byte": "pretraining held-out bits per byte"}
 
 
 def _x(g: pd.DataFrame) -> np.ndarray:
@@ -544,72 +730,104 @@ def plot_trajectories(traj: pd.DataFrame, path: Path, *, title: str | None = Non
         ax.set_title(f"{fam} ({kind})" if metric in _YLABELS else f"{fam}: {metric}", fontsize=10)
         ax.set_xlabel("step")
         ax.set_ylabel(_YLABELS.get(metric, metric))
-        ax.legend(fontsize=7, loc="best")
+        ax.legend(fontsize=MIN_FONT_PT, loc="best")
         ax.grid(alpha=0.3)
     fig.suptitle(title or "line: mean; band: seed spread; dashed: 95% bootstrap CI", fontsize=9)
     return save_png(fig, path)
 
 
-def plot_accuracy_vs_margin(traj: pd.DataFrame, pairs: pd.DataFrame, path: Path, *,
-                            acc_jump: float = 0.10, small_margin_nats: float = 0.10) -> Path:
-    """Left: accuracy against mean margin per checkpoint (connected in step order).
-    Right: d accuracy against d mean margin per consecutive pair; flagged pairs ringed."""
-    from ._plots import color, new_figure, save_png
+#: Smallest font (points, at the saved size) of any label a reader must read.
+MIN_FONT_PT = 9.0
 
-    fig, (left, right) = new_figure(2, ncols=2, panel_size=(5.2, 3.8))
+
+def accuracy_vs_margin_figure(traj: pd.DataFrame, pairs: pd.DataFrame, *, acc_jump: float = 0.10,
+                              small_margin_nats: float = 0.10):
+    """The figure of :func:`plot_accuracy_vs_margin` (returned, not saved)."""
+    from ._plots import color, new_figure
+
     m = traj[traj["metric"] == "mean_margin"]
-    for i, (name, g) in enumerate(m.groupby("track", sort=False)):
-        left.plot(g["value"], g["accuracy"], marker="o", ms=3, lw=1, alpha=0.8, color=color(i), label=name)
-        left.plot(g["value"].iloc[-1:], g["accuracy"].iloc[-1:], marker="s", ms=6, color=color(i))
-    left.axvline(0.0, color="black", lw=0.8)
-    left.set_xlabel("mean margin (nats)")
-    left.set_ylabel("accuracy (fraction margin > 0)")
-    left.set_title("per checkpoint (square = last)", fontsize=10)
-    if m["track"].nunique() <= 12:
-        left.legend(fontsize=7, loc="best")
-    left.grid(alpha=0.3)
+    fams = list(dict.fromkeys(m["family"]))
+    fig, axes = new_figure(len(fams) + 1, ncols=3, panel_size=(4.4, 3.6))
+    fs = MIN_FONT_PT
+    for ax, fam in zip(axes, fams):
+        g_fam = m[m["family"] == fam]
+        for i, (var, g) in enumerate(g_fam.groupby("variant", sort=False)):
+            ax.plot(g["value"], g["accuracy"], marker="o", ms=3, lw=1, alpha=0.85, color=color(i), label=str(var))
+            ax.plot(g["value"].iloc[-1:], g["accuracy"].iloc[-1:], marker="s", ms=6, color=color(i))
+        ax.axvline(0.0, color="black", lw=0.8)
+        ax.set_title(f"{fam} ({g_fam['kind'].iloc[0]}; square = last)", fontsize=10)
+        ax.set_xlabel("mean margin (nats)", fontsize=fs)
+        ax.set_ylabel("accuracy (margin > 0)", fontsize=fs)
+        ax.tick_params(labelsize=fs)
+        ax.legend(fontsize=fs, loc="best", title="variant", title_fontsize=fs)
+        ax.grid(alpha=0.3)
+    right = axes[-1]
     right.axvspan(-small_margin_nats, small_margin_nats, color="grey", alpha=0.15, lw=0)
     for yv in (-acc_jump, acc_jump):
         right.axhline(yv, color="grey", ls=":", lw=0.8)
-    names = list(dict.fromkeys(m["track"]))
-    for i, name in enumerate(names):
-        p = pairs[pairs["track"] == name]
-        right.scatter(p["d_mean_margin"], p["d_accuracy"], s=14, color=color(i), alpha=0.8)
+    for i, fam in enumerate(fams):
+        p = pairs[pairs["family"] == fam] if len(pairs) else pairs
+        if len(p):
+            right.scatter(p["d_mean_margin"], p["d_accuracy"], s=14, color=color(i), alpha=0.8, label=fam)
     flagged = pairs[pairs["flag_acc_moves_margin_still"].astype(bool)] if len(pairs) else pairs
     if len(flagged):
         right.scatter(flagged["d_mean_margin"], flagged["d_accuracy"], s=80, facecolors="none",
-                      edgecolors="red", lw=1.2, label="accuracy moved, margin did not")
-        right.legend(fontsize=7, loc="best")
+                      edgecolors="red", lw=1.2, label="accuracy moved,\nmargin did not")
+    if len(pairs):
+        right.legend(fontsize=fs, loc="best", title="family", title_fontsize=fs)
     right.axhline(0.0, color="black", lw=0.6)
     right.axvline(0.0, color="black", lw=0.6)
-    right.set_xlabel("change in mean margin (nats)")
-    right.set_ylabel("change in accuracy")
-    right.set_title("consecutive checkpoints (grey band: small margin change)", fontsize=10)
+    right.set_xlabel("change in mean margin (nats)", fontsize=fs)
+    right.set_ylabel("change in accuracy", fontsize=fs)
+    right.tick_params(labelsize=fs)
+    right.set_title("consecutive checkpoints (grey: small margin change)", fontsize=10)
     right.grid(alpha=0.3)
-    return save_png(fig, path)
+    return fig
 
 
-def plot_correlation(rho: pd.DataFrame, nn: pd.DataFrame, path: Path) -> Path:
-    """Heatmap of the Spearman matrix, values annotated when it is small enough to read."""
-    from ._plots import new_figure, save_png
+def plot_accuracy_vs_margin(traj: pd.DataFrame, pairs: pd.DataFrame, path: Path, *,
+                            acc_jump: float = 0.10, small_margin_nats: float = 0.10) -> Path:
+    """One panel per family: accuracy against mean margin per checkpoint (connected in step
+    order; colours = prompt variants, with a legend). Last panel: d accuracy against d mean
+    margin per consecutive pair (colours = families); flagged pairs ringed."""
+    from ._plots import save_png
+
+    return save_png(accuracy_vs_margin_figure(traj, pairs, acc_jump=acc_jump, small_margin_nats=small_margin_nats),
+                    path)
+
+
+def correlation_figure(rho: pd.DataFrame, nn: pd.DataFrame):
+    """The figure of :func:`plot_correlation` (returned, not saved). Every label >= MIN_FONT_PT."""
+    from ._plots import new_figure
 
     k = len(rho)
-    side = min(14.0, 2.5 + 0.55 * k)
-    fig, (ax,) = new_figure(1, ncols=1, panel_size=(side + 1.2, side))
+    cell = 0.45  # inches per track: room for a 9 pt value in each cell
+    side = max(4.0, 3.2 + cell * k)
+    fig, (ax,) = new_figure(1, ncols=1, panel_size=(side + 1.4, side))
     arr = rho.to_numpy(dtype=float)
     im = ax.imshow(np.ma.masked_invalid(arr), cmap="RdBu_r", vmin=-1, vmax=1)
+    fs = MIN_FONT_PT
     ax.set_xticks(range(k))
     ax.set_yticks(range(k))
-    ax.set_xticklabels(rho.columns, rotation=60, ha="right", fontsize=7)
-    ax.set_yticklabels(rho.index, fontsize=7)
-    if k <= 16:
+    ax.set_xticklabels(rho.columns, rotation=60, ha="right", fontsize=fs)
+    ax.set_yticklabels(rho.index, fontsize=fs)
+    if k <= 24:
         for i in range(k):
             for j in range(k):
                 txt = "n/a" if np.isnan(arr[i, j]) else f"{arr[i, j]:.2f}"
-                ax.text(j, i, txt, ha="center", va="center", fontsize=6.5,
+                ax.text(j, i, txt, ha="center", va="center", fontsize=fs,
                         color="white" if np.isfinite(arr[i, j]) and abs(arr[i, j]) > 0.6 else "black")
     off = nn.to_numpy()[~np.eye(k, dtype=bool)] if k > 1 else nn.to_numpy().ravel()
     n_txt = f"{off.min()}" if off.size and off.min() == off.max() else (f"{off.min()}-{off.max()}" if off.size else "0")
-    ax.set_title(f"Spearman rho across checkpoints (n = {n_txt} checkpoints)", fontsize=10)
-    fig.colorbar(im, ax=ax, shrink=0.8)
-    return save_png(fig, path)
+    ax.set_title(f"Spearman rho across checkpoints (n = {n_txt} checkpoints)\n"
+                 "oriented (higher = better; bpb negated): red = agree, blue = disagree", fontsize=10)
+    cb = fig.colorbar(im, ax=ax, shrink=0.8)
+    cb.ax.tick_params(labelsize=fs)
+    return fig
+
+
+def plot_correlation(rho: pd.DataFrame, nn: pd.DataFrame, path: Path) -> Path:
+    """Heatmap of the (oriented) Spearman matrix, values annotated when it is small enough to read."""
+    from ._plots import save_png
+
+    return save_png(correlation_figure(rho, nn), path)

@@ -7,8 +7,10 @@ words which base is recommended (or "no clear winner"), how sure we are, whether
 selection was predeclared (or POST-HOC) and whether the confirmation held. The evidence
 follows: pilot transfer with seeds, run-correctness diagnostics per pilot run, proxy
 validation against the selection-effect null, the confirmation, then the probe report's
-sections (:func:`probeselect.report.probe_sections`), caveats and provenance. It is
-rendered with the probe report's section model, so markdown and HTML say the same thing.
+sections (:func:`probeselect._probe_sections.probe_sections`), caveats and provenance. It
+is rendered with the shared section model of :mod:`probeselect._report_blocks`, so
+markdown and HTML say the same thing; this module imports nothing from
+:mod:`probeselect.report`.
 """
 
 from __future__ import annotations
@@ -16,14 +18,17 @@ from __future__ import annotations
 import datetime as _dt
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
 import pandas as pd
 
-from ._io import atomic_write_text, sha256_file
+from ._io import sha256_file
 from .errors import SelectionError
-from .report import (_CAVEATS, Bullets, Para, ReportPaths, Section, Table, _provenance_section, fmt, probe_sections,
-                     render_html, render_markdown)
+from .metrics import LABELS, RENAMED_METRICS
+from ._probe_sections import probe_sections
+from ._report_blocks import (CAVEATS, Bullets, Para, ReportPaths, Section, Table, fmt, provenance_section, run_name,
+                             write_documents)
 
 __all__ = ["write_selection_report", "SELECTION_CAVEATS"]
 
@@ -59,7 +64,161 @@ def _g(x: Any) -> str:
     return fmt(float(x)) if x is not None else "n/a"
 
 
-def _decision_section(sel: dict, conf: dict | None, diag: pd.DataFrame | None) -> Section:
+class ConfirmationStatus(NamedTuple):
+    """How the confirmation bears on the pilot decision (see :func:`confirmation_status`)."""
+
+    status: str  # not_run | nothing_to_confirm | confirmed | not_confirmed | not_included
+    pilot_pick: str | None
+    confirm_top: str | None
+    confirm_verdict: str | None
+
+
+_WINNING = ("winner", "single_eligible")
+
+
+def confirmation_status(sel: dict, conf: dict | None) -> ConfirmationStatus:
+    """Whether the confirmation confirms the pilot's pick.
+
+    * ``confirmed``: the pilot named a winner and the confirmation names the *same* base as
+      a winner (``winner`` or ``single_eligible``);
+    * ``not_confirmed``: the pilot named a winner and the confirmation either puts another
+      base on top or has the same base on top without calling it a winner (no clear
+      winner): ``confirm.json``'s ``held`` is true in that case, but the report never says
+      "held" for a pick that the confirmation does not call a winner;
+    * ``nothing_to_confirm``: the pilot named no winner (whatever the confirmation found);
+    * ``not_included``: the pilot's pick was not among the confirmed bases;
+    * ``not_run``: no ``confirm.json``.
+    """
+    d = sel.get("decision", {})
+    pick = d.get("recommended") or (d.get("top") if d.get("verdict") in _WINNING else None)
+    if d.get("verdict") not in _WINNING:
+        pick = None
+    if conf is None:
+        return ConfirmationStatus("not_run", pick, None, None)
+    cd = conf.get("confirm_decision") or {}
+    ctop, cverdict = cd.get("top"), cd.get("verdict")
+    if pick is None:
+        return ConfirmationStatus("nothing_to_confirm", None, ctop, cverdict)
+    if pick not in (conf.get("bases") or []):
+        return ConfirmationStatus("not_included", pick, ctop, cverdict)
+    if ctop == pick and cverdict in _WINNING:
+        return ConfirmationStatus("confirmed", pick, ctop, cverdict)
+    return ConfirmationStatus("not_confirmed", pick, ctop, cverdict)
+
+
+def _seed_counts(sel: dict) -> tuple[int, int | None]:
+    """(SFT seeds the decision rests on, the plan's minimum or None for an old run)."""
+    d = sel.get("decision", {})
+    n = sel.get("n_sft_seeds", d.get("n_sft_seeds"))
+    n = int(n) if n is not None else len(d.get("seeds") or [])
+    m = sel.get("min_sft_seeds", d.get("min_sft_seeds"))
+    if m is None:
+        m = (sel.get("selection_plan") or {}).get("min_sft_seeds")
+    return n, (int(m) if m is not None else None)
+
+
+def _verdict_words(v: str | None) -> str:
+    return {"winner": "a clear winner", "single_eligible": "the only eligible base", "no_clear_winner":
+            "no clear winner", "none_eligible": "no eligible base"}.get(str(v), str(v).replace("_", " "))
+
+
+_DIAG_EVENTS = (("nonfinite", "nonfinite gradient events"), ("skipped", "skipped steps"), ("spikes", "loss spikes"),
+                ("resumes", "resumes"))
+
+
+def _diag_summary(diag: pd.DataFrame, what: str) -> str:
+    """One clause on a diagnostics table: runs, events per kind (naming the runs), clipping."""
+    events = []
+    for col, words in _DIAG_EVENTS:
+        if col not in diag.columns:
+            continue
+        v = pd.to_numeric(diag[col], errors="coerce").fillna(0)
+        bad = diag[v > 0]
+        if len(bad):
+            who = ", ".join(f"`{r['base']}` seed {fmt(r['seed'])}: {fmt(v[i])}" for i, r in bad.iterrows()
+                            if "base" in diag.columns and "seed" in diag.columns)
+            events.append(f"{fmt(v.sum())} {words} ({who})" if who else f"{fmt(v.sum())} {words}")
+    missing = [c for c, _ in _DIAG_EVENTS if c not in diag.columns]
+    txt = f"{len(diag)} {what} runs: " + ("; ".join(events) if events else
+                                           "no " + ", ".join(w for c, w in _DIAG_EVENTS if c in diag.columns))
+    if missing:
+        txt += f" ({', '.join(missing)} not recorded)"
+    clip = pd.to_numeric(diag["clip_fraction"], errors="coerce") if "clip_fraction" in diag.columns else None
+    if clip is not None and clip.notna().any():
+        txt += f"; clipping engaged on {_pct(clip.min())} to {_pct(clip.max())} of steps"
+    return txt
+
+
+def _run_correctness(sel: dict, diag: pd.DataFrame | None, conf_diag: pd.DataFrame | None) -> list[str]:
+    """The top "Run correctness" bullet: the pilot's and the confirmation's runs."""
+    parts = []
+    if diag is not None and len(diag):
+        parts.append(_diag_summary(diag, "pilot"))
+    elif diag is not None or sel.get("diagnostics_flags"):
+        parts.append("pilot runs: no diagnostics recorded")
+    if conf_diag is not None and len(conf_diag):
+        parts.append(_diag_summary(conf_diag, "confirmation"))
+    if not parts:
+        return []
+    return ["**Run correctness**: " + ". ".join(parts) + ". Flagged runs are named; check them in the run-correctness "
+            "table before trusting their numbers."]
+
+
+_FLOOR_TOL = 0.01
+
+
+def floor_ceiling(transfer: pd.DataFrame | None) -> list[dict[str, Any]]:
+    """Transfer metrics that cannot separate the piloted bases.
+
+    From ``transfer.csv`` (one row per base x seed x metric): the seed mean of every base.
+    A metric is flagged ``identical`` when every base has the same seed mean, ``floor`` /
+    ``ceiling`` when it is a rate (:func:`probeselect.metrics.is_rate`) and every base's
+    seed mean is within 0.01 of 0 / of 1. Returns ``[{metric, why, values}]``.
+    """
+    from .metrics import is_rate
+
+    if transfer is None or not len(transfer) or not {"base", "metric", "value"} <= set(transfer.columns):
+        return []
+    means = transfer.groupby(["metric", "base"])["value"].mean()
+    out = []
+    for metric in dict.fromkeys(transfer["metric"]):
+        v = means.loc[metric].astype(float).dropna()
+        if len(v) < 2:
+            continue
+        why = None
+        if is_rate(metric) and (v <= _FLOOR_TOL).all():
+            why = "floor"
+        elif is_rate(metric) and (v >= 1 - _FLOOR_TOL).all():
+            why = "ceiling"
+        elif np.ptp(v.to_numpy()) <= 1e-12 * max(1.0, float(v.abs().max())):
+            why = "identical"
+        if why:
+            out.append({"metric": metric, "why": why, "values": v.to_dict()})
+    return out
+
+
+def _floor_ceiling_bullets(transfer: pd.DataFrame | None, sel: dict) -> list[str]:
+    flags = floor_ceiling(transfer)
+    if not flags:
+        return []
+    plan = sel.get("selection_plan", {})
+    primary = (plan.get("primary") or {}).get("metric")
+    constrained = {c.get("metric") for c in plan.get("constraints", [])}
+    words = {"floor": "at the floor for every base (seed means {v}; all within 0.01 of 0)",
+             "ceiling": "at the ceiling for every base (seed means {v}; all within 0.01 of 1)",
+             "identical": "identical for every base ({v})"}
+    parts = []
+    for f in flags:
+        role = (" -- the primary metric" if f["metric"] == primary else
+                " -- its constraint cannot exclude or separate any base" if f["metric"] in constrained else "")
+        vals = ", ".join(fmt(x) for x in f["values"].values())
+        parts.append(f"`{f['metric']}` is {words[f['why']].format(v=vals)}{role}")
+    return ["**Metrics that cannot separate bases**: " + "; ".join(parts) + ". Differences on these metrics carry no "
+            "evidence; make the transfer suite harder (or easier) where they sit."]
+
+
+def _decision_section(sel: dict, conf: dict | None, diag: pd.DataFrame | None,
+                      conf_diag: pd.DataFrame | None = None, transfer: pd.DataFrame | None = None) -> Section:
     d = sel["decision"]
     prim = sel["selection_plan"]["primary"]
     metric, direction = prim["metric"], prim["direction"]
@@ -72,29 +231,54 @@ def _decision_section(sel: dict, conf: dict | None, diag: pd.DataFrame | None) -
     top, ru = d.get("top"), d.get("runner_up")
 
     def val(b: str) -> str:
-        r = bases[b]
-        return f"{_g(r['value'])} ({_pct(level)} interval {_g(r.get('ci_lo'))} to {_g(r.get('ci_hi'))})"
+        r = bases.get(b, {})
+        return f"{_g(r.get('value'))} ({_pct(level)} interval {_g(r.get('ci_lo'))} to {_g(r.get('ci_hi'))})"
 
-    n_seeds, n_items = len(d.get("seeds", [])), d.get("n_items")
+    n_seeds, min_seeds = _seed_counts(sel)
+    few = min_seeds is not None and n_seeds < min_seeds
+    n_items = d.get("n_items")
     scope = f"over {n_seeds} SFT seed{'s' if n_seeds != 1 else ''} x {n_items} held-out items"
+    few_txt = f" (provisional: {n_seeds} of the {min_seeds} SFT seeds the plan requires)" if few else ""
     verdict = d["verdict"]
-    if verdict == "winner":
-        items.append(f"**Recommended base: `{top}`.** It has the best {metric} ({direction} is better) among the bases "
-                     "that pass the transfer constraints.")
+    cs = confirmation_status(sel, conf)
+    # The headline: the pilot's verdict as qualified by the confirmation, so the top lines never contradict.
+    if verdict in _WINNING:
+        why = (f"It has the best {metric} ({direction} is better) among the bases that pass the transfer constraints"
+               if verdict == "winner" else "It is the only base that passes the transfer constraints (no comparison)")
+        if cs.status == "confirmed":
+            items.append(f"**Recommended base: `{top}`**{few_txt}. {why}, and the confirmation at the intended budget "
+                         f"names it {_verdict_words(cs.confirm_verdict)} too.")
+        elif cs.status == "not_run":
+            items.append(f"**Recommended base (pilot only, not yet confirmed): `{top}`**{few_txt}. {why}.")
+        elif cs.status == "not_included":
+            items.append(f"**Pilot pick `{top}` not confirmed**{few_txt}: the confirmation did not retrain it. {why} "
+                         "in the pilot only.")
+        else:
+            there = (f"it is still the best there but not a clear winner ({_verdict_words(cs.confirm_verdict)})"
+                     if cs.confirm_top == top else
+                     f"`{cs.confirm_top or 'no base'}` is best there ({_verdict_words(cs.confirm_verdict)})")
+            items.append(f"**Pilot pick `{top}` not confirmed**{few_txt}: at the confirmation budget {there}. "
+                         "No recommendation stands; run more seeds or decide on other grounds.")
     elif verdict == "no_clear_winner":
-        items.append(f"**No clear winner** between `{top}` and `{ru}`: the interval of their {metric} difference reaches "
-                     f"into the tie margin ({_g(d.get('tie_margin'))}). Pick on other grounds (cost, the confirmation "
-                     "run) or run more seeds/items.")
-    elif verdict == "single_eligible":
-        items.append(f"**Recommended base: `{top}`**, the only base that passes the transfer constraints (no comparison).")
+        reason = d.get("reason")
+        items.append(f"**No clear winner** between `{top}` and `{ru}`" +
+                     (f": {reason}" if reason else f": the interval of their {metric} difference reaches into the tie "
+                      f"margin ({_g(d.get('tie_margin'))})") +
+                     ". Pick on other grounds (cost, the confirmation run) or run more seeds/items.")
     else:
         items.append("**No recommendation**: no piloted base passes the transfer constraints (table below).")
+    if few:
+        items.append(f"**Too few SFT seeds**: this decision rests on {n_seeds} SFT seed{'s' if n_seeds != 1 else ''}; "
+                     f"the plan requires at least {min_seeds} (`selection.min_sft_seeds`). Re-run the pilot with more "
+                     "seeds before acting on it.")
     if top and ru:
         ci = d.get("diff_ci") or [None, None]
-        items.append(f"**How sure**: {metric} of `{top}` {val(top)} vs runner-up `{ru}` {val(ru)}, {scope}. Difference "
-                     f"{_g(d.get('diff'))} ({_pct(level)} interval {_g(ci[0])} to {_g(ci[1])}; tie margin "
-                     f"{_g(d.get('tie_margin'))}); `{top}` beats `{ru}` in {_pct(d.get('p_top_beats_runner_up'))} of "
-                     f"{sel['bootstrap']['replicates']} paired bootstrap replicates (items and seeds resampled).")
+        how = (f"**How sure**: {metric} of `{top}` {val(top)} vs runner-up `{ru}` {val(ru)}, {scope}. Difference "
+               f"{_g(d.get('diff'))} ({_pct(level)} interval {_g(ci[0])} to {_g(ci[1])}"
+               + f", {d.get('interval') or 'paired bootstrap over items and seeds'}; tie margin {_g(d.get('tie_margin'))})")
+        if d.get("p_top_beats_runner_up") is not None:
+            how += f"; `{top}` beats `{ru}` in {_pct(d.get('p_top_beats_runner_up'))} of resampled replicates"
+        items.append(how + ".")
     elif top:
         items.append(f"**How sure**: {metric} of `{top}` {val(top)}, {scope}.")
     lock = sel.get("lock", {})
@@ -106,26 +290,22 @@ def _decision_section(sel: dict, conf: dict | None, diag: pd.DataFrame | None) -
         items.append("**Confirmation**: not run. Confirm at the intended budget before committing "
                      "(`probeselect confirm RUN_DIR --recipe recipes/confirm.yaml --top 2`).")
     else:
-        tau = conf.get("kendall_tau")
-        held = conf.get("held")
-        word = {True: "held", False: "did NOT hold", None: "not applicable"}[held]
-        statement = str(conf.get("statement", ""))
-        prefix = f"The pilot decision {word}: "
-        if statement.startswith(prefix):  # the heading already says it
-            statement = statement[len(prefix):]
-        items.append(f"**Confirmation {word}**: {statement} Kendall tau between pilot and confirmation "
-                     f"rankings of {len(conf.get('bases', []))} bases: {_g(tau)}; {len(conf.get('reversals', []))} "
-                     "reversal(s).")
-    if diag is not None and len(diag):
-        flags = sel.get("diagnostics_flags", [])
-        clip = pd.to_numeric(diag.get("clip_fraction"), errors="coerce") if "clip_fraction" in diag else None
-        clip_txt = (f"; clipping engaged on {_pct(clip.min())} to {_pct(clip.max())} of steps" if clip is not None
-                    and clip.notna().any() else "")
-        if flags:
-            items.append(f"**Run correctness**: {len(diag)} pilot runs; flagged: " + "; ".join(flags) + clip_txt + ".")
+        tail = (f" Kendall tau between pilot and confirmation rankings of {len(conf.get('bases', []))} bases: "
+                f"{_g(conf.get('kendall_tau'))}; {len(conf.get('reversals', []))} reversal(s).")
+        there = (f"at the confirmation budget `{cs.confirm_top or 'no base'}` is best "
+                 f"({_verdict_words(cs.confirm_verdict)})")
+        if cs.status == "confirmed":
+            items.append(f"**Confirmation confirms `{cs.pilot_pick}`**: {there}." + tail)
+        elif cs.status == "not_confirmed":
+            items.append(f"**Confirmation does not confirm `{cs.pilot_pick}`**: {there}." + tail)
+        elif cs.status == "not_included":
+            items.append(f"**Confirmation did not include the pilot pick `{cs.pilot_pick}`**: {there}." + tail)
         else:
-            items.append(f"**Run correctness**: {len(diag)} pilot runs, no nonfinite events, skipped steps, loss spikes "
-                         f"or resumes{clip_txt}.")
+            items.append(f"**Confirmation** (the pilot named no winner, so there was no pick to confirm): {there}."
+                         + (" A winner found only at the confirmation budget is a new, unreplicated result."
+                            if cs.confirm_verdict in _WINNING else "") + tail)
+    items.extend(_run_correctness(sel, diag, conf_diag))
+    items.extend(_floor_ceiling_bullets(transfer, sel))
     pv = [p for p in sel.get("proxy_validation", []) if p.get("spearman") is not None]
     null = sel.get("null") or {}
     if pv and null:
@@ -144,15 +324,22 @@ def _transfer_section(sel: dict, transfer: pd.DataFrame | None) -> Section:
     prim = sel["selection_plan"]["primary"]
     cons = sel["selection_plan"]["constraints"]
     seeds = sel["decision"].get("seeds", [])
+    boot = sel.get("bootstrap") or {}
+    d = sel["decision"]
+    if d.get("interval"):  # the method selection.json names
+        how = (f"interval = {_pct(d.get('level', boot.get('level', 0.95)))} {d['interval']}; p best = share of "
+               "resampled draws in which the base is the best eligible one")
+    else:
+        how = (f"interval = {_pct(boot.get('level', 0.95))} paired bootstrap over items and seeds "
+               f"({boot.get('replicates', '?')} replicates, numpy seed {boot.get('seed', '?')}); p best = share of "
+               "replicates in which the base is the best eligible one")
     s.blocks.append(Para(
-        f"Primary metric `{prim['metric']}` ({prim['direction']} is better), averaged over SFT seeds {seeds}; interval = "
-        f"{_pct(sel['bootstrap']['level'])} paired bootstrap over items and seeds ({sel['bootstrap']['replicates']} "
-        f"replicates, numpy seed {sel['bootstrap']['seed']}); p best = share of replicates in which the base is the best "
-        "eligible one. Constraints: " + (", ".join(
+        f"Primary metric `{prim['metric']}` ({prim['direction']} is better), averaged over SFT seeds {seeds}; {how}. "
+        "Constraints: " + (", ".join(
             f"`{c['metric']}`" + (f" >= {c['min']:g}" if c.get("min") is not None else "") +
             (f" <= {c['max']:g}" if c.get("max") is not None else "") for c in cons) or "none") +
         f". Decision rule: clear winner when the lower end of the top-vs-runner-up interval exceeds the tie margin "
-        f"{sel['decision'].get('tie_margin')}."))
+        f"{d.get('tie_margin')}."))
     rows = []
     for b in sel["bases"]:
         rows.append([f"`{b['base']}`", fmt(b.get("position")), fmt(b.get("eligible")), fmt(b.get("value")),
@@ -164,9 +351,11 @@ def _transfer_section(sel: dict, transfer: pd.DataFrame | None) -> Section:
     if transfer is not None and len(transfer):
         wide = transfer.pivot_table(index=["base", "seed"], columns="metric", values="value", aggfunc="mean").reset_index()
         metrics = [c for c in wide.columns if c not in ("base", "seed")]
-        s.blocks.append(Para("Every transfer metric per pilot run (`transfer.csv`; held-out loss in nats per token and "
-                             "bits per byte, token weighted):"))
-        s.blocks.append(Table(["base", "seed", *metrics],
+        s.blocks.append(Para("Every transfer metric per pilot run (`transfer.csv`). `heldout_loss` and "
+                             "`sft_heldout_bpb` are on the held-out **SFT** rows (nats per response token and bits per "
+                             "byte, token/byte weighted), not the pretraining held-out text whose bits per byte the "
+                             "probe sections show (`heldout_nll/bpb`)."))
+        s.blocks.append(Table(["base", "seed", *[LABELS.get(m, m) for m in metrics]],
                               [[str(r["base"]), fmt(r["seed"]), *[fmt(r[m]) for m in metrics]]
                                for _, r in wide.iterrows()]))
     if sel.get("notes"):
@@ -223,7 +412,16 @@ def _proxy_section(sel: dict) -> Section:
     return s
 
 
-def _confirm_section(conf: dict | None) -> Section:
+_STATUS_WORDS = {
+    "confirmed": "The confirmation confirms the pilot pick `{pick}`: the same base is {cv} at the intended budget.",
+    "not_confirmed": "The pilot pick `{pick}` is not confirmed: at the intended budget `{top}` is best ({cv}).",
+    "not_included": "The pilot pick `{pick}` was not among the confirmed bases.",
+    "nothing_to_confirm": "The pilot named no winner, so there was no pick to confirm; at the intended budget `{top}` is "
+                          "best ({cv}).",
+}
+
+
+def _confirm_section(conf: dict | None, sel: dict | None = None) -> Section:
     s = Section("Confirmation")
     if conf is None:
         s.blocks.append(Para("Not run. `probeselect confirm RUN_DIR --recipe recipes/confirm.yaml --top N` retrains the "
@@ -231,8 +429,11 @@ def _confirm_section(conf: dict | None) -> Section:
         return s
     prim = conf["primary"]["metric"]
     cd = conf.get("confirm_decision", {})
+    cs = confirmation_status(sel or {}, conf)
+    said = _STATUS_WORDS.get(cs.status, "{top}").format(pick=cs.pilot_pick, top=cs.confirm_top or "no base",
+                                                        cv=_verdict_words(cs.confirm_verdict))
     s.blocks.append(Para(f"Recipe `{conf['config'].get('recipe')}` (sha256 `{str(conf.get('recipe_sha256'))[:12]}`), "
-                         f"top {conf['config'].get('top')} pilot bases. {conf.get('statement')}"))
+                         f"top {conf['config'].get('top')} pilot bases. {said}"))
     rows = []
     by = {r["base"]: r for r in conf.get("confirm_table", [])}
     for b in conf.get("bases", []):
@@ -285,30 +486,29 @@ def write_selection_report(run_dir: str | Path, *, averaged_run_dir: str | Path 
     diag = _read_csv(run_dir / "pilot" / "diagnostics.csv")
     conf_diag = _read_csv(run_dir / "confirm" / "diagnostics.csv") if conf else None
     transfer = _read_csv(run_dir / "pilot" / "transfer.csv")
+    if transfer is not None and "metric" in transfer.columns:  # runs from before a metric was renamed
+        transfer["metric"] = transfer["metric"].replace(RENAMED_METRICS)
     pilot_man = _read_json(run_dir / "pilot" / "manifest.json")
     probe = probe_sections(run_dir, averaged_run_dir=averaged_run_dir)
     probe.summary.title = "Probe evidence summary"
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    decision = _decision_section(sel, conf, diag)
+    decision = _decision_section(sel, conf, diag, conf_diag, transfer)
     decision.blocks.insert(0, Para(f"Generated {now} from `{run_dir}`. The decision in plain words first; the evidence "
                                    "follows."))
-    prov = _provenance_section(probe.manifest, run_dir)
+    prov = provenance_section(probe.manifest, run_dir)
     prov.blocks.insert(0, Bullets(_selection_provenance(run_dir, sel, conf, pilot_man)))
     sections = [
         decision,
         _transfer_section(sel, transfer),
         _diagnostics_section(diag, conf_diag),
         _proxy_section(sel),
-        _confirm_section(conf),
+        _confirm_section(conf, sel),
         probe.summary,
         *probe.evidence,
-        Section("Caveats", [Para("What this evidence does not establish:"), Bullets(SELECTION_CAVEATS + _CAVEATS)]),
+        Section("Caveats", [Para("What this evidence does not establish:"), Bullets(SELECTION_CAVEATS + CAVEATS)]),
         prov,
     ]
-    title = f"probeselect base selection: {run_dir.resolve().name}"
+    title = f"probeselect base selection: {run_name(run_dir, probe.manifest)}"
     if sel.get("post_hoc"):
         title = "POST-HOC " + title
-    md_path, html_path = run_dir / "report.md", run_dir / "report.html"
-    atomic_write_text(md_path, render_markdown(title, sections, run_dir))
-    atomic_write_text(html_path, render_html(title, sections))
-    return ReportPaths(md=md_path, html=html_path)
+    return write_documents(run_dir, title, sections)

@@ -42,6 +42,7 @@ from ._io import atomic_write_json, sha256_bytes, sha256_file
 from ._yaml import load_yaml
 from .errors import ProbeSpecError, SelectionError, did_you_mean
 from .manifest import git_state
+from .metrics import TRANSFER_METRIC_NAMES, direction_word
 from .shortlist import Plan, plan_from_dict
 
 __all__ = ["TransferConstraint", "SelectionSpec", "SelectionPlan", "LockStatus", "load_selection_plan",
@@ -50,8 +51,7 @@ __all__ = ["TransferConstraint", "SelectionSpec", "SelectionPlan", "LockStatus",
 
 LOCK_NAME = "plan.lock.json"
 # Transfer metrics of probeselect.transfer and their direction (contract; other metric names need `direction`).
-TRANSFER_METRICS = {"task_accuracy": "higher", "task_logprob": "higher", "robust_recovery": "higher",
-                    "termination": "higher", "heldout_loss": "lower", "heldout_bpb": "lower"}
+TRANSFER_METRICS = {m: direction_word(m) for m in TRANSFER_METRIC_NAMES}
 _SELECTION_KEYS = ("primary", "constraints", "decision", "uncertainty", "selection_effect")
 _SKIP_DIRS = {"cache"}  # the scoring cache: derived parts, not results
 

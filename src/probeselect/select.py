@@ -6,7 +6,7 @@ shortlist (``run_dir/shortlist.csv``), and writes ``selection.json`` and
 ``selection.csv``. Definitions:
 
 * **Point value** of a base: the primary metric of ``transfer.csv`` (run level; token
-  weighted for ``heldout_loss`` / ``heldout_bpb``) averaged over the SFT seeds that every
+  weighted for ``heldout_loss`` / ``sft_heldout_bpb``) averaged over the SFT seeds that every
   piloted base has.
 * **Constraints**: each ``selection.constraints`` metric, averaged over seeds, must be
   within its ``min`` / ``max``. Eligible = passes every constraint. Ranking: eligible
@@ -29,8 +29,9 @@ shortlist (``run_dir/shortlist.csv``), and writes ``selection.json`` and
   lo > ``tie_margin``; otherwise the interval overlaps the tie band [-margin, margin] (or
   lies below it) and the verdict is **no clear winner**. With margin 0 this is "the
   interval excludes zero".
-* **Proxy validation**: for each predeclared shortlist proxy (``value[<proxy>]`` of
-  ``shortlist.csv``, oriented so higher = better) and for the shortlist aggregate, the
+* **Proxy validation**: for each predeclared shortlist proxy (``score[<proxy>]`` of
+  ``shortlist.csv``: the oriented quantity the shortlist ranks, higher = better; see
+  :mod:`probeselect.shortlist`) and for the shortlist aggregate, the
   Spearman and Kendall (tau-b) correlations with the transfer point values over the
   piloted bases (positive = the proxy ranks bases the way transfer does).
 * **Selection-effect null**: a random proxy ranks the n bases by a uniformly random
@@ -59,6 +60,7 @@ import pandas as pd
 from ._io import atomic_write_csv, atomic_write_json, sha256_file
 from .errors import PostHocError, SelectionError
 from .manifest import base_manifest
+from .metrics import oriented
 from .plan import LOCK_NAME, SelectionPlan, SelectionSpec, check_lock, load_selection_plan
 
 __all__ = ["PilotTables", "Ranking", "SelectionResult", "NullDistribution", "load_pilot_tables", "rank_bases",
@@ -226,7 +228,7 @@ def rank_bases(tables: PilotTables, spec: SelectionSpec, *, bases: list[str] | N
     table["ci_lo"] = np.quantile(reps, alpha, axis=0)
     table["ci_hi"] = np.quantile(reps, 1 - alpha, axis=0)
     table["n_items"] = n_i
-    if spec.primary in ("heldout_loss", "heldout_bpb"):
+    if spec.primary in ("heldout_loss", "sft_heldout_bpb", "heldout_bpb"):
         notes.append(f"{spec.primary} point values are token weighted; the bootstrap resamples items (per-item means) "
                      "and shifts the interval to centre on the token-weighted value.")
 
@@ -376,7 +378,9 @@ def proxy_validation(shortlist_table: pd.DataFrame, plan: SelectionPlan, point: 
     n = len(bases)
     sign = 1.0 if spec.direction == "higher" else -1.0
     t = sign * point.reindex(bases).to_numpy(float)
-    proxies = [(p.id, f"value[{p.id}]", p.direction) for p in plan.shortlist.proxies]
+    # The oriented quantity the shortlist ranks (score[...], higher = better); value[...] of an older shortlist.csv.
+    proxies = [(p.id, f"score[{p.id}]", "higher") if f"score[{p.id}]" in sl.columns else
+               (p.id, f"value[{p.id}]", p.direction) for p in plan.shortlist.proxies]
     agg = plan.shortlist.aggregation
     proxies.append((f"shortlist aggregate ({agg})", agg, "lower"))
     m = spec.random_proxies or len(plan.shortlist.proxies)
@@ -397,8 +401,8 @@ def proxy_validation(shortlist_table: pd.DataFrame, plan: SelectionPlan, point: 
         if col not in sl.columns:
             notes.append(f"shortlist.csv has no column {col!r}; proxy {pid} is not validated. Re-run the shortlist.")
             continue
-        v = pd.to_numeric(sl.loc[bases, col], errors="coerce").to_numpy(float)
-        v = v if direction == "higher" else -v
+        v = oriented(pd.to_numeric(sl.loc[bases, col], errors="coerce").to_numpy(float),
+                     sign=1 if direction == "higher" else -1)
         ok = np.isfinite(v) & np.isfinite(t)
         rho = tau = float("nan")
         if ok.sum() >= 2 and np.ptp(v[ok]) > 0 and np.ptp(t[ok]) > 0:

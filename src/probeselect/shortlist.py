@@ -23,8 +23,16 @@ Definitions:
 
 * A proxy's ``metric`` is any numeric ``summary.csv`` column (``mean_margin``,
   ``accuracy``, ``candidate_accuracy``, ``mean_margin_per_token``, ``bits_per_byte``,
-  ``gen_consistency``, ...). ``direction`` defaults to ``lower`` for ``bits_per_byte`` and
-  ``seed_sd`` and ``higher`` otherwise.
+  ``gen_consistency``, ...). ``direction`` defaults to the metric's direction in
+  :mod:`probeselect.metrics` (``lower`` for bits per byte, losses and ``seed_sd``; ``higher``
+  for margins, accuracies and consistency); a metric with no known direction needs an
+  explicit ``direction``, and one that contradicts the known direction is an error.
+* Values are **oriented** before ranking (:func:`probeselect.metrics.oriented`: multiplied
+  by +1 for ``higher``, -1 for ``lower``), so every rank, score and correlation downstream
+  reads "higher = better". ``score[proxy]`` is the oriented quantity the shortlist ranks:
+  the oriented value for a one-variant proxy, minus the mean per-variant rank for a
+  ``variant: "*"`` proxy. Proxy validation (:func:`probeselect.select.proxy_validation`)
+  correlates exactly this column with transfer.
 * Ranks are among the candidates: 1 = best, ties get the average rank. A proxy with
   ``variant: "*"`` is ranked on every prompt variant separately (variants that never
   record the metric are skipped); its rank is the rank of
@@ -57,8 +65,9 @@ import pandas as pd
 
 from ._io import atomic_write_csv, atomic_write_json, sha256_file
 from ._yaml import load_yaml
-from .errors import ProbeSpecError, did_you_mean
+from .errors import ProbeselectError, ProbeSpecError, did_you_mean
 from .manifest import base_manifest
+from .metrics import DIRECTIONS, direction_word, oriented
 
 __all__ = ["Plan", "Proxy", "Floor", "ShortlistResult", "load_plan", "shortlist", "AGGREGATIONS"]
 
@@ -68,7 +77,6 @@ _PLAN_KEYS = ("proxies", "constraints", "aggregation", "k", "candidates", "descr
 _PROXY_KEYS = ("family", "variant", "metric", "direction")
 _CONSTRAINT_KEYS = ("heldout_bpb_within", "capability_floor")
 _FLOOR_KEYS = ("family", "variant", "metric", "min")
-_LOWER_IS_BETTER = {"bits_per_byte", "seed_sd"}
 _NON_METRICS = {"step", "tokens", "n_items", "n_seeds"}
 
 
@@ -179,9 +187,19 @@ def plan_from_dict(raw: Any, *, source: str = "<plan>", path: Path | None = None
             if not isinstance(p.get(key), str) or not p[key]:
                 raise ProbeSpecError(f"{src}: {where}missing required key `{key}`.")
         metric = p["metric"]
-        direction = p.get("direction", "lower" if metric in _LOWER_IS_BETTER else "higher")
+        try:
+            known = direction_word(metric)
+        except ProbeselectError:
+            known = None
+        direction = p.get("direction", known)
+        if direction is None:
+            raise ProbeSpecError(f"{src}: {where}metric {metric!r} has no known direction; add `direction: higher` or "
+                                 "`direction: lower`.")
         if direction not in ("higher", "lower"):
             raise ProbeSpecError(f"{src}: {where}direction must be 'higher' or 'lower', got {direction!r}.")
+        if known is not None and direction != known:
+            raise ProbeSpecError(f"{src}: {where}direction {direction!r} contradicts {metric!r}, for which {known} is "
+                                 f"better; drop `direction:` (known directions: {sorted(DIRECTIONS)}).")
         variant = p.get("variant", "*")
         proxies.append(Proxy(family=p["family"], variant=str(variant), metric=metric, direction=direction))
     ids = [p.id for p in proxies]
@@ -276,13 +294,14 @@ def _per_variant(summary: pd.DataFrame, family: str, variant: str | None, metric
 
 
 def _rank(values: pd.Series, higher: bool) -> pd.Series:
+    """Rank 1 = best (ties: average rank); ``higher`` says which way ``values`` are better."""
     from scipy.stats import rankdata
 
-    v = values.astype(float)
+    v = oriented(values.astype(float), sign=1 if higher else -1)  # higher = better from here on
     ok = v.notna()
     out = pd.Series(np.nan, index=v.index, dtype=float)
     if ok.any():
-        out[ok] = rankdata(-v[ok].to_numpy() if higher else v[ok].to_numpy(), method="average")
+        out[ok] = rankdata(-v[ok].to_numpy(), method="average")
     return out
 
 
@@ -344,20 +363,22 @@ def shortlist(run_dir: str | Path, plan_path: str | Path, *, out_dir: str | Path
     stability: dict[str, pd.Series] = {}
     for p in plan.proxies:
         wide = _per_variant(summary, p.family, p.variant, p.metric, cands)
-        higher = p.direction == "higher"
+        ow = oriented(wide, sign=1 if p.direction == "higher" else -1)  # higher = better
         table[f"value[{p.id}]"] = wide.mean(axis=1, skipna=False).reindex(order)
         if wide.shape[1] > 1:
-            per_var = pd.DataFrame({v: _rank(wide[v], higher) for v in wide.columns})
+            per_var = pd.DataFrame({v: _rank(ow[v], higher=True) for v in ow.columns})
             for v in per_var.columns:
                 table[f"value[{p.family}/{v}:{p.metric}]"] = wide[v].reindex(order)
                 table[f"rank[{p.family}/{v}:{p.metric}]"] = per_var[v].reindex(order)
-            ranks[p.id] = _rank(per_var.mean(axis=1, skipna=False), higher=False)
+            score = -per_var.mean(axis=1, skipna=False)
             frac = (per_var <= k + 1e-9).sum(axis=1) / per_var.shape[1]
             frac[per_var.isna().any(axis=1)] = np.nan
             stability[p.id] = frac
             table[f"topk_frac[{p.id}]"] = frac.reindex(order)
         else:
-            ranks[p.id] = _rank(wide.iloc[:, 0], higher)
+            score = ow.iloc[:, 0]
+        ranks[p.id] = _rank(score, higher=True)
+        table[f"score[{p.id}]"] = score.reindex(order)
         table[f"rank[{p.id}]"] = ranks[p.id].reindex(order)
 
     complete = ranks.notna().all(axis=1)

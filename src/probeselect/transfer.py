@@ -39,9 +39,12 @@ Metrics (long rows ``item_id, kind, metric, value, weight``; direction in bracke
 * ``heldout_loss`` (lower) -- per held-out SFT row: mean NLL in nats per response token,
   the appended EOS token included (exactly the tokens the SFT loss supervises); weight =
   that token count.
-* ``heldout_bpb`` (lower) -- per held-out SFT row: the same summed NLL in bits divided by
-  the UTF-8 bytes of the scored response text (the EOS token adds nats but no bytes);
-  weight = that byte count.
+* ``sft_heldout_bpb`` (lower) -- per held-out SFT row: the same summed NLL in bits divided
+  by the UTF-8 bytes of the scored response text (the EOS token adds nats but no bytes);
+  weight = that byte count. Named ``heldout_bpb`` before; the new name keeps it apart from
+  the *pretraining* held-out bits per byte of the scored ladder (``summary.csv`` family
+  ``heldout_nll``, ``bits_per_byte``). :data:`RENAMED_METRICS` maps the old name, and
+  :func:`summarize_transfer` accepts it in old tables.
 
 :func:`summarize_transfer` reduces per-item rows to one value per metric: the weighted
 mean ``sum(value * weight) / sum(weight)``, i.e. total nats / total tokens and total bits
@@ -68,11 +71,14 @@ import pandas as pd
 import torch
 
 from .errors import TransferError
+from .metrics import RENAMED_METRICS, TRANSFER_METRIC_NAMES, direction_word
 from .generation import Generation, greedy_generations, normalize_answer
 from .spans import EncodedPair, encode_pair, score_pairs
 
 __all__ = [
     "METRICS",
+    "RENAMED_METRICS",
+    "WEIGHTED_METRICS",
     "TransferItems",
     "check_disjoint_from_probes",
     "check_disjoint_from_sft",
@@ -85,15 +91,10 @@ __all__ = [
     "validate_transfer_config",
 ]
 
-#: Metric name -> better direction.
-METRICS: dict[str, str] = {
-    "task_accuracy": "higher",
-    "task_logprob": "higher",
-    "robust_recovery": "higher",
-    "termination": "higher",
-    "heldout_loss": "lower",
-    "heldout_bpb": "lower",
-}
+#: Metric name -> better direction (from :mod:`probeselect.metrics`, the one place for directions).
+METRICS: dict[str, str] = {m: direction_word(m) for m in TRANSFER_METRIC_NAMES}
+#: Metrics whose run-level value is weighted (tokens or bytes), not an item mean.
+WEIGHTED_METRICS = ("heldout_loss", "sft_heldout_bpb", "heldout_bpb")
 ITEM_COLUMNS = ["item_id", "kind", "metric", "value", "weight"]
 _FILE_KEYS = ("tasks", "robustness", "heldout")
 _DEFAULTS: dict[str, Any] = {"tasks": None, "robustness": None, "heldout": None, "max_new_tokens": 12,
@@ -536,7 +537,7 @@ def evaluate_transfer(model, tokenizer, transfer_cfg: Mapping[str, Any], *, devi
             bar.set_postfix_str("heldout")
             nll = heldout_nll(model, tokenizer, items.heldout, format_prompt=fmt, device=device, batch_size=bs)
             out += _rows(items.heldout, "heldout_loss", nll["nats"] / nll["tokens"], nll["tokens"])
-            out += _rows(items.heldout, "heldout_bpb", nll["nats"] / math.log(2) / nll["bytes"], nll["bytes"])
+            out += _rows(items.heldout, "sft_heldout_bpb", nll["nats"] / math.log(2) / nll["bytes"], nll["bytes"])
             bar.update(1)
     finally:
         bar.close()
@@ -548,7 +549,7 @@ def summarize_transfer(items: pd.DataFrame) -> pd.DataFrame:
     """One row per metric: ``metric, value, n`` (n = items).
 
     ``value`` is the weighted mean ``sum(value * weight) / sum(weight)``: total nats / total
-    tokens for ``heldout_loss``, total bits / total bytes for ``heldout_bpb`` and the item
+    tokens for ``heldout_loss``, total bits / total bytes for ``sft_heldout_bpb`` and the item
     mean for the other metrics (their weight is 1). A table without a ``weight`` column
     is accepted only if it holds no held-out metric (an item mean of per-item losses would
     be biased towards short responses). Metrics follow :data:`METRICS` order, unknown ones
@@ -562,7 +563,7 @@ def summarize_transfer(items: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     df = items
     if "weight" not in df.columns:
-        held = sorted(set(df["metric"]) & {"heldout_loss", "heldout_bpb"})
+        held = sorted(set(df["metric"]) & set(WEIGHTED_METRICS))
         if held:
             raise TransferError(f"transfer items table has {held} rows but no 'weight' column; the run-level "
                                 "held-out loss must be token-weighted. Keep the weight column from evaluate_transfer.")

@@ -1,0 +1,189 @@
+"""The base-selection report's top lines: never contradictory, honest about seeds, flags,
+confirmation runs and metric names. Fixtures are hand-written selection.json / confirm.json
+files (the contract), so every contradictory case is built directly."""
+
+import json
+import re
+
+import pandas as pd
+import pytest
+from _selection_fakes import make_score_run
+
+from probeselect._io import atomic_write_csv, atomic_write_json, sha256_file
+from probeselect.final_report import confirmation_status, floor_ceiling, write_selection_report
+
+BASES = ["checkpoint-40", "checkpoint-60", "checkpoint-50"]
+
+
+@pytest.fixture(autouse=True)
+def _no_dynamics(monkeypatch):
+    """These tests are about the decision lines: skip recomputing the probe dynamics and plots
+    (tested in test_report.py / test_dynamics.py) to keep them fast."""
+    import probeselect.final_report as fr
+    from probeselect._probe_sections import ProbeSections
+    from probeselect._report_blocks import Section
+
+    def fake(run_dir, **_):
+        man = json.loads((run_dir / "manifest.json").read_text())
+        return ProbeSections(Section("Summary"), [], man)
+
+    monkeypatch.setattr(fr, "probe_sections", fake)
+
+
+def _selection(verdict="winner", top="checkpoint-40", runner_up="checkpoint-60", **extra):
+    recommended = top if verdict in ("winner", "single_eligible") else None
+    return {
+        "status": "complete", "created_utc": "2026-01-01T00:00:00+00:00", "plan_path": "plan.yaml",
+        "plan_sha256": "ab" * 32, "post_hoc": False, "lock": {"locked_utc": "2026-01-01T00:00:00+00:00"},
+        "selection_plan": {"primary": {"metric": "task_logprob", "direction": "higher"},
+                           "constraints": [{"metric": "termination", "min": 0.5}]},
+        "decision": {"verdict": verdict, "recommended": recommended, "top": top, "runner_up": runner_up,
+                     "diff": 0.4, "diff_ci": [0.1, 0.7], "tie_margin": 0.05, "level": 0.95, "seeds": [0, 1, 2],
+                     "n_items": 50, **extra.pop("decision", {})},
+        "bootstrap": {"replicates": 100, "seed": 0, "level": 0.95},
+        "bases": [{"base": b, "position": i + 1, "eligible": True, "value": -1.0 - i, "ci_lo": -2.0 - i,
+                   "ci_hi": -0.5 - i} for i, b in enumerate(BASES)],
+        "proxy_validation": [], "null": None, "notes": [], "inputs": {}, **extra,
+    }
+
+
+def _confirm(top, verdict, held, sel_path):
+    return {"bases": BASES[:2], "config": {"recipe": "recipes/confirm.yaml", "top": 2}, "primary": {"metric": "task_logprob"},
+            "confirm_decision": {"top": top, "verdict": verdict, "runner_up": [b for b in BASES[:2] if b != top][0],
+                                 "seeds": [0, 1, 2]},
+            "held": held, "statement": "The pilot decision held: whatever confirm.py said.",
+            "pilot_values": {b: -1.0 for b in BASES[:2]}, "confirm_values": {b: -1.0 for b in BASES[:2]},
+            "confirm_table": [], "kendall_tau": 1.0, "reversals": [], "notes": [],
+            "selection_sha256": sha256_file(sel_path), "created_utc": "2026-01-02T00:00:00+00:00"}
+
+
+def _write(tmp_path, sel, conf_args=None, *, transfer=None, conf_diag=None):
+    d = make_score_run(tmp_path / "run")
+    atomic_write_json(d / "selection.json", sel)
+    if conf_args is not None:
+        atomic_write_json(d / "confirm.json", _confirm(*conf_args, d / "selection.json"))
+    if transfer is not None:
+        atomic_write_csv(d / "pilot" / "transfer.csv", transfer)
+    atomic_write_csv(d / "pilot" / "diagnostics.csv", pd.DataFrame(
+        [dict(base=b, seed=s, clip_fraction=0.1, nonfinite=0, skipped=0, spikes=0, resumes=0) for b in BASES
+         for s in (0, 1, 2)]))
+    if conf_diag is not None:
+        atomic_write_csv(d / "confirm" / "diagnostics.csv", conf_diag)
+    md = write_selection_report(d).md.read_text()
+    top = md[md.index("## Decision"):md.index("## Pilot transfer")]
+    return md, [line[2:] for line in top.splitlines() if line.startswith("- ")]
+
+
+def _no_contradiction(lines):
+    text = "\n".join(lines)
+    assert "not applicable" not in text
+    assert not ("Recommended base" in text and "not confirmed" in text)
+    assert not ("No clear winner" in text and re.search(r"Confirmation (held|confirms)", text))
+    return text
+
+
+def test_pilot_winner_confirmed(tmp_path):
+    _, lines = _write(tmp_path, _selection(), ("checkpoint-40", "winner", True))
+    text = _no_contradiction(lines)
+    assert lines[0].startswith("**Recommended base: `checkpoint-40`**") and "confirmation" in lines[0]
+    assert "**Confirmation confirms `checkpoint-40`**" in text
+
+
+def test_pilot_winner_held_on_top_but_no_clear_winner_at_confirmation_is_not_confirmed(tmp_path):
+    # confirm.json says held=True (the same base is on top), but the confirmation calls no winner
+    _, lines = _write(tmp_path, _selection(), ("checkpoint-40", "no_clear_winner", True))
+    text = _no_contradiction(lines)
+    assert lines[0].startswith("**Pilot pick `checkpoint-40` not confirmed**")
+    assert "still the best there but not a clear winner" in lines[0]
+    assert "**Confirmation does not confirm `checkpoint-40`**" in text and "held" not in text.replace("held-out", "")
+
+
+def test_pilot_winner_reversed_at_confirmation(tmp_path):
+    _, lines = _write(tmp_path, _selection(), ("checkpoint-60", "winner", False))
+    _no_contradiction(lines)
+    assert lines[0].startswith("**Pilot pick `checkpoint-40` not confirmed**") and "`checkpoint-60` is best" in lines[0]
+
+
+def test_no_clear_winner_in_the_pilot_is_never_followed_by_held(tmp_path):
+    sel = _selection(verdict="no_clear_winner")
+    for conf in (("checkpoint-40", "no_clear_winner", None), ("checkpoint-40", "winner", None)):
+        _, lines = _write(tmp_path / conf[1], sel, conf)
+        text = _no_contradiction(lines)
+        assert lines[0].startswith("**No clear winner** between `checkpoint-40` and `checkpoint-60`")
+        assert "**Confirmation** (the pilot named no winner, so there was no pick to confirm)" in text
+    assert "new, unreplicated result" in text  # a winner only at confirmation is named as such
+
+
+def test_fewer_sft_seeds_than_the_plan_requires_is_said(tmp_path):
+    sel = _selection(decision={"n_sft_seeds": 2, "min_sft_seeds": 3, "seeds": [0, 1]})
+    _, lines = _write(tmp_path / "a", sel)
+    assert "(provisional: 2 of the 3 SFT seeds the plan requires)" in lines[0]
+    assert any(x.startswith("**Too few SFT seeds**: this decision rests on 2 SFT seeds; the plan requires at least 3")
+               for x in lines)
+    # top-level keys are read too; an old run without the minimum says nothing about it
+    _, lines = _write(tmp_path / "b", _selection(n_sft_seeds=2, min_sft_seeds=3))
+    assert any(x.startswith("**Too few SFT seeds**") for x in lines)
+    _, lines = _write(tmp_path / "c", _selection())
+    assert not any("Too few" in x or "provisional" in x for x in lines)
+
+
+def test_run_correctness_covers_the_confirmation_runs(tmp_path):
+    conf_diag = pd.DataFrame([dict(base="checkpoint-40", seed=0, clip_fraction=0.3, nonfinite=0, skipped=0, spikes=3,
+                                   resumes=0),
+                              dict(base="checkpoint-60", seed=0, clip_fraction=0.5, nonfinite=1, skipped=0, spikes=0,
+                                   resumes=0)])
+    _, lines = _write(tmp_path, _selection(), ("checkpoint-40", "winner", True), conf_diag=conf_diag)
+    rc = [x for x in lines if x.startswith("**Run correctness**")]
+    assert len(rc) == 1
+    assert "9 pilot runs: no nonfinite gradient events" in rc[0]
+    assert "2 confirmation runs: 1 nonfinite gradient events (`checkpoint-60` seed 0: 1)" in rc[0]
+    assert "3 loss spikes (`checkpoint-40` seed 0: 3)" in rc[0] and "30% to 50% of steps" in rc[0]
+
+
+def test_floor_and_ceiling_metrics_are_flagged_and_sft_heldout_bpb_is_labelled(tmp_path):
+    rows = []
+    for i, b in enumerate(BASES):
+        for s in (0, 1, 2):
+            rows += [dict(base=b, seed=s, metric="termination", value=1.0),
+                     dict(base=b, seed=s, metric="robust_recovery", value=0.003 * s),
+                     dict(base=b, seed=s, metric="task_accuracy", value=0.2 + 0.1 * i),
+                     dict(base=b, seed=s, metric="task_logprob", value=-5.0),
+                     dict(base=b, seed=s, metric="heldout_bpb", value=2.0 + 0.1 * i)]  # the old name
+    transfer = pd.DataFrame(rows)
+    flags = {f["metric"]: f["why"] for f in floor_ceiling(transfer)}
+    assert flags == {"termination": "ceiling", "robust_recovery": "floor", "task_logprob": "identical"}
+    md, lines = _write(tmp_path, _selection(), transfer=transfer)
+    fc = [x for x in lines if x.startswith("**Metrics that cannot separate bases**")]
+    assert len(fc) == 1
+    assert "`termination` is at the ceiling for every base (seed means 1, 1, 1; all within 0.01 of 1)" in fc[0] and "its constraint cannot exclude or separate any base" in fc[0]
+    assert "`robust_recovery` is at the floor" in fc[0] and "`task_logprob` is identical for every base" in fc[0]
+    assert "the primary metric" in fc[0] and "task_accuracy" not in fc[0]
+    pilot = md[md.index("## Pilot transfer"):md.index("## Run correctness")]
+    assert "SFT held-out bits per byte" in pilot and "| heldout_bpb |" not in pilot
+
+
+def test_confirmation_status_contract():
+    sel = _selection()
+    assert confirmation_status(sel, None).status == "not_run"
+    base = {"bases": BASES[:2]}
+    assert confirmation_status(sel, dict(base, confirm_decision={"top": "checkpoint-40", "verdict": "winner"})).status \
+        == "confirmed"
+    assert confirmation_status(sel, dict(base, confirm_decision={"top": "checkpoint-40",
+                                                                 "verdict": "no_clear_winner"})).status == "not_confirmed"
+    assert confirmation_status(sel, {"bases": ["checkpoint-60"], "confirm_decision": {"top": "checkpoint-60",
+                                                                                      "verdict": "winner"}}).status \
+        == "not_included"
+    assert confirmation_status(_selection(verdict="no_clear_winner"), dict(base, confirm_decision={})).status \
+        == "nothing_to_confirm"
+
+
+@pytest.mark.parametrize("name", ["report.md"])
+def test_selection_report_title_names_the_run(tmp_path, name):
+    sel = _selection()
+    d = make_score_run(tmp_path / "demo" / "score")
+    man = json.loads((d / "manifest.json").read_text())
+    man["command"] = ["probeselect", "run", "recipes/demo.yaml", "out=results/demo"]
+    atomic_write_json(d / "manifest.json", man)
+    atomic_write_json(d / "selection.json", sel)
+    first = write_selection_report(d).md.read_text().splitlines()[0]
+    assert first == "# probeselect base selection: demo"
