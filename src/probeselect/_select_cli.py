@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .cli import DEVICE_HELP
+
 
 def _fmt(x) -> str:
     return "n/a" if x is None or x != x else f"{x:.4g}"
@@ -58,7 +60,9 @@ def _cmd_select(args: argparse.Namespace) -> int:
 
 def _cmd_confirm(args: argparse.Namespace) -> int:
     from .confirm import confirm
+    from .sft._cli import check_device
 
+    check_device(args.device)
     res = confirm(args.run_dir, args.recipe, top=args.top, overrides=args.overrides,
                   progress=not args.no_progress, device=args.device)
     print(res.statement)
@@ -70,7 +74,12 @@ def _cmd_confirm(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     from .run import run_pipeline
 
-    res = run_pipeline(args.config, overrides=args.overrides, force=args.force, progress=not args.no_progress)
+    overrides = list(args.overrides) + ([f"device={args.device}"] if args.device is not None else [])
+    if args.device is not None:
+        from .sft._cli import check_device
+
+        check_device(args.device)
+    res = run_pipeline(args.config, overrides=overrides, force=args.force, progress=not args.no_progress)
     for st in res.stages:
         print(f"{st.name:<10} {st.status:<8} {st.seconds:7.1f}s  {st.detail}")
     print(f"run: {res.out_dir} (report: {res.report})")
@@ -106,21 +115,25 @@ def add_parsers(sub) -> None:
                        description="Run the pilot runner on the top N bases of RUN_DIR/selection.json with the "
                                    "confirmation recipe into RUN_DIR/confirm, rank them with the same plan and write "
                                    "confirm.json (Kendall tau, every reversal, whether the decision held).")
-    c.add_argument("run_dir", metavar="RUN_DIR")
+    c.add_argument("run_dir", metavar="RUN_DIR",
+                   help="the scored run folder holding selection.json (from `probeselect select`) and pilot/")
     c.add_argument("--recipe", required=True, help="confirmation recipe, e.g. recipes/confirm.yaml")
     c.add_argument("--top", type=int, default=2, help="how many pilot bases to confirm (default 2)")
     c.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides (dotted keys)")
-    c.add_argument("--device", default="auto")
+    c.add_argument("--device", default="auto", help=DEVICE_HELP)
     c.add_argument("--no-progress", action="store_true", help="hide progress bars")
     c.set_defaults(func=_cmd_confirm)
 
     r = sub.add_parser("run", help="run the whole pipeline from one YAML config (resumable)",
-                       description="ladder -> score -> dynamics -> shortlist -> plan lock -> pilot (+ transfer) -> "
-                                   "select -> confirm -> report. A stage whose outputs are complete and whose inputs "
+                       description="ladder -> score -> average (optional: `average: {window: K}`) -> dynamics -> "
+                                   "shortlist -> plan lock -> pilot (+ transfer) -> select -> confirm -> report. "
+                                   "A stage whose outputs are complete and whose inputs "
                                    "are unchanged (OUT/run_state.json) is skipped. Example: recipes/demo.yaml.")
     r.add_argument("config", metavar="CONFIG", help="pipeline config YAML, e.g. recipes/demo.yaml")
     r.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides (dotted keys, YAML values)")
     r.add_argument("--force", nargs="*", default=None, metavar="STAGE",
                    help="rerun these stages (no names: every stage) even if up to date")
+    r.add_argument("--device", default=None,
+                   help=DEVICE_HELP.replace("(default auto)", "(default: the config's `device`, else auto)"))
     r.add_argument("--no-progress", action="store_true", help="hide progress bars")
     r.set_defaults(func=_cmd_run)

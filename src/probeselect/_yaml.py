@@ -45,6 +45,10 @@ def load_yaml(path: Path, error_cls: type[Exception] = ProbeSpecError) -> Any:
         raise error_cls(f"{path}: invalid YAML: {where}{exc.problem}. Fix the file.") from None
     except yaml.YAMLError as exc:
         raise error_cls(f"{path}: invalid YAML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise error_cls(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); re-save the file as UTF-8.") from None
+    except OSError as exc:
+        raise error_cls(f"{path}: cannot read ({exc.strerror or exc}).") from None
 
 
 def apply_dotted_overrides(raw: dict, overrides, *, top_keys, error_cls: type[Exception], example: str,

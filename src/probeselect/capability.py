@@ -42,6 +42,7 @@ from typing import Sequence
 
 import torch
 
+from ._io import reading
 from .errors import ProbeSpecError, ScoringError
 from .spans import _head_only_supported, _model_max_length, _score_targets
 
@@ -79,11 +80,12 @@ def load_heldout_texts(path: str | Path) -> list[str]:
     if path.is_dir():
         texts = _load_datasets_folder(path)
     elif path.suffix.lower() == ".txt":
-        with open(path, encoding="utf-8") as f:
+        with reading(path, ProbeSpecError), open(path, encoding="utf-8") as f:
             texts = [ln.rstrip("\r\n") for ln in f]
         texts = [t for t in texts if t.strip()]
     elif path.suffix.lower() == ".jsonl":
-        texts = _load_jsonl(path)
+        with reading(path, ProbeSpecError):
+            texts = _load_jsonl(path)
     else:
         raise ProbeSpecError(
             f"{path}: unsupported held-out text format {path.suffix or '(no suffix)'!r}; use a .txt file "
@@ -248,6 +250,9 @@ def rolling_loglikelihoods(
             windows.append((d, seq[start:end], seq[end - n_new + 1 : end + 1]))
 
     totals = [0.0] * len(texts)
+    if progress is not None and getattr(progress, "total", 0) is None:  # a bar created before the windows were known
+        progress.total = len(windows)
+        progress.refresh()
     order = sorted(range(len(windows)), key=lambda i: -len(windows[i][1]))
     for b in range(0, len(order), batch_size):
         idx = order[b : b + batch_size]

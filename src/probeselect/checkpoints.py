@@ -119,7 +119,7 @@ def _read_metadata(path: Path) -> tuple[int | None, int | None]:
             continue
         try:
             meta = json.loads(f.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise CheckpointError(f"{f}: cannot read checkpoint metadata ({exc}). Fix or delete the file.") from None
         if step is None and isinstance(meta.get(step_key), int):
             step = meta[step_key]
@@ -211,7 +211,7 @@ def tokenizer_hash(path: Path) -> str | None:
             if fname == "tokenizer.json":
                 try:
                     parts[fname] = canonical_json_hash(json.loads(f.read_text(encoding="utf-8")))
-                except json.JSONDecodeError:
+                except (json.JSONDecodeError, UnicodeDecodeError):
                     raise CheckpointError(f"{f}: corrupt tokenizer.json. Re-save the tokenizer.") from None
             else:
                 parts[fname] = sha256_file(f)
@@ -221,7 +221,7 @@ def tokenizer_hash(path: Path) -> str | None:
     if cfg.is_file():
         try:
             conf = json.loads(cfg.read_text(encoding="utf-8"))
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, UnicodeDecodeError):
             raise CheckpointError(f"{cfg}: corrupt tokenizer_config.json. Re-save the tokenizer.") from None
         parts["config"] = canonical_json_hash({k: conf.get(k) for k in _TOKENIZER_CONFIG_KEYS})
     return canonical_json_hash(parts)
@@ -245,7 +245,7 @@ def fingerprint_checkpoint(path: Path) -> tuple[str, tuple[str, ...]]:
         )
     try:
         config_hash = canonical_json_hash(json.loads(config.read_text(encoding="utf-8")))
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, UnicodeDecodeError):
         raise CheckpointError(f"{config}: corrupt config.json. Re-save the checkpoint.") from None
     index = path / "model.safetensors.index.json"
     if index.is_file():
@@ -283,13 +283,32 @@ def _has_weights(path: Path) -> bool:
     return bool(_weight_files(path))
 
 
-def discover_checkpoints(path: str | Path, *, allow_tokenizer_mismatch: bool = False) -> list[Checkpoint]:
+def _discover_one(sub: Path, found: list[Checkpoint]) -> None:
+    """Append the checkpoint in ladder subfolder ``sub`` to ``found`` (other folders are ignored)."""
+    parsed = parse_checkpoint_name(sub.name)
+    if parsed is not None:
+        found.append(_make_checkpoint(sub, sub.name, *parsed))
+    elif (sub / "config.json").is_file() and _has_weights(sub):
+        meta_step, _ = _read_metadata(sub)
+        if meta_step is None:
+            raise CheckpointError(
+                f"{sub}: cannot tell this checkpoint's step. Name the folder checkpoint-<step> "
+                "or record it in trainer_state.json (global_step)."
+            )
+        found.append(_make_checkpoint(sub, sub.name, None, None))
+    # Other folders (data/, logs/, ...) are not checkpoints and are ignored.
+
+
+def discover_checkpoints(path: str | Path, *, allow_tokenizer_mismatch: bool = False,
+                         errors: dict[str, str] | None = None) -> list[Checkpoint]:
     """Turn a directory into an ordered list of checkpoints (see the module docstring).
 
     Raises :class:`CheckpointError` for a missing path, an empty directory, a checkpoint
     folder without weights, a corrupt safetensors file, or a checkpoint whose step cannot
     be determined; :class:`TokenizerMismatchError` when two checkpoints have different
-    tokenizers (unless ``allow_tokenizer_mismatch``).
+    tokenizers (unless ``allow_tokenizer_mismatch``). With ``errors`` (a dict), a checkpoint
+    folder of a ladder that is rejected (corrupt config, truncated weights, ...) is recorded
+    there (folder name -> message) and skipped instead (``--keep-going``).
     """
     root = Path(path)
     if not root.exists():
@@ -305,18 +324,15 @@ def discover_checkpoints(path: str | Path, *, allow_tokenizer_mismatch: bool = F
         found.append(_make_checkpoint(root, root.name, step, tokens))
     else:
         for sub in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
-            parsed = parse_checkpoint_name(sub.name)
-            if parsed is not None:
-                found.append(_make_checkpoint(sub, sub.name, *parsed))
-            elif (sub / "config.json").is_file() and _has_weights(sub):
-                meta_step, _ = _read_metadata(sub)
-                if meta_step is None:
-                    raise CheckpointError(
-                        f"{sub}: cannot tell this checkpoint's step. Name the folder checkpoint-<step> "
-                        "or record it in trainer_state.json (global_step)."
-                    )
-                found.append(_make_checkpoint(sub, sub.name, None, None))
-            # Other folders (data/, logs/, ...) are not checkpoints and are ignored.
+            try:
+                _discover_one(sub, found)
+            except CheckpointError as exc:
+                if errors is None:
+                    raise
+                errors[sub.name] = str(exc)
+        if not found and errors:
+            first = next(iter(errors.values()))
+            raise CheckpointError(f"{root}: all {len(errors)} checkpoint folder(s) were rejected (first: {first})")
         if not found:
             raise CheckpointError(
                 f"{root}: no checkpoints found. Expected HF model folders named like checkpoint-<N>, "

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
 import time
 from pathlib import Path
 
 from . import __version__
-from .errors import ProbeselectError
+from .errors import ProbeselectError, RunInterrupted
+
+# The one wording of --device for every subcommand that loads a model (score, pilot, confirm, run).
+DEVICE_HELP = "auto (CUDA if available, else CPU), cpu, cuda or cuda:N (default auto)"
 
 
 def _cmd_toy_ladder(args: argparse.Namespace) -> int:
@@ -49,21 +54,20 @@ def _cmd_score(args: argparse.Namespace) -> int:
         heldout=args.heldout,
         heldout_stride=args.heldout_stride,
         audit_items=args.audit_items,
+        on_overflow=args.on_overflow,
         progress=not args.no_progress,
     )
-    if int(__import__("os").environ.get("RANK", "0")) != 0:
+    if int(os.environ.get("RANK", "0")) != 0:
         return 0  # rank 0 reports
-    n_ckpt = len(res.manifest["checkpoints"])
     for name, err in res.failed.items():
         print(f"FAILED {name}: {err}", file=sys.stderr)
     if res.failed:
         print(f"{len(res.failed)} checkpoint(s) failed and were skipped (--keep-going); the manifest "
               "marks this run incomplete.", file=sys.stderr)
-    if not res.scored and not res.failed:
-        print(f"all {n_ckpt} checkpoints were already scored (cache hit); no model work done.", file=sys.stderr)
-    else:
-        print(f"scored {len(res.scored)} of {n_ckpt} checkpoints in {time.perf_counter() - t0:.1f}s "
-              f"({n_ckpt - len(res.scored)} from cache).", file=sys.stderr)
+    for path in res.superseded:
+        print(f"note: the scores changed; moved the previous run's {Path(path).name} to {Path(path).parent}/",
+              file=sys.stderr)
+    print(score_summary_line(res, time.perf_counter() - t0), file=sys.stderr)
     cols = [c for c in ("checkpoint", "step", "family", "variant", "kind", "mean_margin", "seed_sd", "accuracy",
                         "candidate_accuracy", "bits_per_byte", "gen_consistency") if c in res.summary.columns]
     with __import__("pandas").option_context("display.width", 160, "display.max_rows", 200):
@@ -71,6 +75,19 @@ def _cmd_score(args: argparse.Namespace) -> int:
     print(f"results: {out}/ (summary.csv, scores.parquet, items.jsonl, manifest.json); "
           f"peak RSS {res.manifest.get('peak_rss_mib')} MiB")
     return 0
+
+
+def score_summary_line(res, seconds: float) -> str:
+    """"scored 2 of 3 checkpoints, 1 failed, 0 from cache (5 of 9 work units reused) in 3.2s"."""
+    n = res.n_checkpoints or len(res.manifest["checkpoints"])
+    n_failed = len(res.failed)
+    from_cache = n - len(res.scored) - n_failed
+    if not res.scored and not res.failed:
+        return f"all {n} checkpoints were already scored (cache hit); no model work done."
+    units = (f" ({res.units_cached} of {res.units_total} work units reused from cache)"
+             if res.units_cached and res.scored else "")
+    return (f"scored {len(res.scored)} of {n} checkpoints, {n_failed} failed, {from_cache} from cache{units} "
+            f"in {seconds:.1f}s.")
 
 
 def _cmd_probes(args: argparse.Namespace) -> int:
@@ -177,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default=None, help="run folder (default results/<CKPT_DIR name>)")
     s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="model dtype (default float32; float16 needs CUDA)")
-    s.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda, cuda:1, ...")
+    s.add_argument("--device", default="auto", help=DEVICE_HELP)
     s.add_argument("--max-batch-tokens", type=int, default=8192,
                    help="padded tokens per forward pass; halves automatically on out-of-memory (default 8192)")
     s.add_argument("--chunk-items", type=int, default=1024,
@@ -192,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--keep-going", action="store_true",
                    help="skip (and record) checkpoints that fail to load instead of stopping")
     s.add_argument("--max-length", type=int, default=None, help="context limit in tokens (default: the model's)")
+    s.add_argument("--on-overflow", choices=["error", "truncate"], default="error",
+                   help="a prompt longer than the context: stop with an error naming the items (default), or cut it "
+                        "from the left as lm-eval does (recorded as truncated_tokens per item, counted in summary.csv)")
     s.add_argument("--tokenizer", default=None, help="tokenizer folder, for checkpoints saved without one")
     s.add_argument("--allow-tokenizer-mismatch", action="store_true",
                    help="score checkpoints even if their tokenizers differ")
@@ -254,14 +274,42 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _sigterm_as_interrupt(signum, frame):  # job schedulers stop jobs with SIGTERM: treat it like Ctrl-C
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand. Bad input is a one-line ``error:`` message and exit code 2;
+    Ctrl-C or SIGTERM prints how to resume and exits 130; other exceptions are bugs and
+    keep their traceback."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    prog = f"probeselect {args.command}"
+    old_term = None
+    try:
+        old_term = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    except ValueError:  # not the main thread (e.g. called from a worker thread): leave signals alone
+        pass
     try:
         return args.func(args)
     except ProbeselectError as exc:
-        print(f"probeselect {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:
+        saved = f"{exc.units_saved} units saved; " if isinstance(exc, RunInterrupted) else ""
+        print(f"\n{prog}: interrupted; {saved}re-run the same command to resume", file=sys.stderr)
+        return 130
+    except UnicodeDecodeError as exc:  # last resort: the reader did not name the file
+        print(f"{prog}: error: an input file is not UTF-8 text ({exc.reason} at byte {exc.start}); "
+              "re-save it as UTF-8.", file=sys.stderr)
+        return 2
+    except OSError as exc:  # last resort: unreadable/missing file, full disk, permission denied
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"{prog}: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
+    finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
 
 
 if __name__ == "__main__":

@@ -101,7 +101,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pandas as pd
 
-from ._io import atomic_write_csv, atomic_write_json, sha256_file
+from ._io import atomic_write_csv, atomic_write_json, reading, sha256_file
 from .errors import ProbeselectError
 from .manifest import base_manifest
 from .metrics import direction
@@ -190,7 +190,8 @@ def load_run(run_dir: str | Path, *, need_scores: bool = True) -> RunTables:
     if not spath.is_file():
         raise ProbeselectError(f"{run}: no summary.csv. Score the checkpoints first: "
                                f"`probeselect score CKPT_DIR --probes SPEC --out {run}`.")
-    summary = pd.read_csv(spath)
+    with reading(spath, ProbeselectError, also=(ValueError,)):  # pandas' ParserError is a ValueError
+        summary = pd.read_csv(spath)
     missing = [c for c in ("checkpoint", "step", "family", "variant") if c not in summary.columns]
     if missing:
         raise ProbeselectError(f"{spath}: missing columns {missing}. Re-create it with `probeselect score`.")

@@ -10,6 +10,23 @@ class ProbeselectError(Exception):
     """Base class for user-facing errors (bad input, bad configuration)."""
 
 
+class UsageError(ProbeselectError):
+    """A command-line flag or argument has an invalid value (e.g. ``--device cuda`` without CUDA)."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """A run stopped by Ctrl-C or SIGTERM after saving its finished work units.
+
+    A ``KeyboardInterrupt`` (so code that catches that still does); the CLI prints
+    ``interrupted; N units saved; re-run the same command to resume`` and exits 130.
+    """
+
+    def __init__(self, units_saved: int | None = None, run_dir=None):
+        super().__init__(f"interrupted; {units_saved} units saved")
+        self.units_saved = units_saved
+        self.run_dir = run_dir
+
+
 class CheckpointError(ProbeselectError):
     """A checkpoint directory cannot be discovered, fingerprinted or loaded."""
 

@@ -358,10 +358,11 @@ def sample_generations(
 
 
 def greedy_generations(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 16,
-                       batch_size: int = 32) -> list[Generation]:
-    """Greedy (argmax) continuation of every prompt, stopped at a newline or EOS."""
+                       batch_size: int = 32, progress=None) -> list[Generation]:
+    """Greedy (argmax) continuation of every prompt, stopped at a newline or EOS.
+    ``progress`` (e.g. a tqdm bar) is updated once per prompt done."""
     outs = sample_generations(model, tokenizer, prompts, n=1, temperature=0.0, max_new_tokens=max_new_tokens,
-                              batch_prompts=batch_size)
+                              batch_prompts=batch_size, progress=progress)
     return [o[0] for o in outs]
 
 
@@ -539,13 +540,14 @@ def select_audit_items(items: Sequence[ProbeItem], n_per_family: int = 50, seed:
 
 
 def generative_audit(model, tokenizer, items: Sequence[ProbeItem], *, max_new_tokens: int = 16,
-                     batch_size: int = 32) -> pd.DataFrame:
+                     batch_size: int = 32, progress=None) -> pd.DataFrame:
     """Greedy generation for each item, classified; one row per item.
 
     Columns: item_id, family, variant, seed, generated, class, terminated, n_new_tokens.
+    ``progress`` (e.g. a tqdm bar) is updated once per item done.
     """
     gens = greedy_generations(model, tokenizer, [it.prompt for it in items], max_new_tokens=max_new_tokens,
-                              batch_size=batch_size)
+                              batch_size=batch_size, progress=progress)
     rows = [
         {"item_id": it.item_id, "family": it.family, "variant": it.variant, "seed": it.seed,
          "generated": g.text, "class": classify_generation(g, it), "terminated": g.terminated,

@@ -70,6 +70,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import pandas as pd
 import torch
 
+from ._io import reading
 from .errors import TransferError
 from .metrics import RENAMED_METRICS, TRANSFER_METRIC_NAMES, direction_word
 from .generation import Generation, greedy_generations, normalize_answer
@@ -208,7 +209,7 @@ def _read_rows(path: Path, what: str) -> list[dict]:
     import json
 
     rows = []
-    with open(path, encoding="utf-8") as f:
+    with reading(path, TransferError), open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue

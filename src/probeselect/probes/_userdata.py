@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from .._io import canonical_json_hash
+from .._io import canonical_json_hash, check_data_symlink
 from ..errors import ProbeSpecError, did_you_mean
 from ._items import ProbeItem, item_rng
 from ._registry import Family, is_builtin_family, register_user_family
@@ -148,6 +148,16 @@ def read_table(path: Path, *, label: str, split: str | None = None) -> tuple[lis
     """
     if not path.exists():
         raise ProbeSpecError(f"{label}: data file not found (resolved to {path.resolve()}); data paths are relative to the YAML file.")
+    try:
+        return _read_table(path, label=label, split=split)
+    except UnicodeDecodeError as exc:
+        raise ProbeSpecError(f"{label}: not UTF-8 text ({exc.reason} at byte {exc.start}); re-save the file as "
+                             "UTF-8.") from None
+    except OSError as exc:
+        raise ProbeSpecError(f"{label}: cannot read the data file ({exc.strerror or exc}).") from None
+
+
+def _read_table(path: Path, *, label: str, split: str | None) -> tuple[list[tuple[int, dict]], bool]:
     if path.is_dir():
         return _read_datasets_dir(path, label=label, split=split), False
     if split is not None:
@@ -420,6 +430,7 @@ def _resolve(raw_path: Any, key: str, source: str, path: Path | None) -> tuple[P
     p = Path(raw_path).expanduser()
     base = path.parent if path is not None else Path.cwd()
     full = p if p.is_absolute() else base / p
+    check_data_symlink(full, base, label=f"{source}: `{key}`", error_cls=ProbeSpecError)
     return full, str(full)
 
 

@@ -3,13 +3,28 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
+from ..cli import DEVICE_HELP
+
+
+def check_device(device: str) -> None:
+    """Refuse a device this machine lacks before any training; ``cuda:N`` selects GPU N for
+    a single-process run (under ``accelerate launch`` each rank uses its own GPU)."""
+    if device == "auto":
+        return
+    from ..score import resolve_device
+
+    dev = resolve_device(device)
+    if dev.type == "cuda" and dev.index is not None and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        import torch
+
+        torch.cuda.set_device(dev.index)
+
 
 def _cmd_pilot(args: argparse.Namespace) -> int:
-    import os
-
     import pandas as pd
 
     from ..pilot import run_pilot
@@ -19,6 +34,7 @@ def _cmd_pilot(args: argparse.Namespace) -> int:
     # `--bases A B key=v` swallows trailing overrides; give back anything that is not a path.
     bases = [b for b in args.bases if "=" not in b or Path(b).exists()]
     overrides = [b for b in args.bases if b not in bases] + list(args.overrides)
+    check_device(args.device)
     t0 = time.perf_counter()
     res = run_pilot(bases, args.recipe, args.out, progress=not args.no_progress, merged=args.merged,
                     device=args.device, ladder=args.ladder, overrides=overrides)
@@ -55,7 +71,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--ladder", default=None, metavar="DIR",
                    help="folder holding the shortlisted checkpoints (default: from the score manifest beside the csv)")
     p.add_argument("--merged", action="store_true", help="also save a merged copy of each LoRA model (merged/)")
-    p.add_argument("--device", default="auto", help="auto (accelerate's choice) or cpu")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                    help="recipe overrides with dotted keys and YAML values, e.g. optimizer.lr=1e-3 seeds=[0,1,2]")

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .._io import canonical_json_hash, sha256_file
+from .._io import canonical_json_hash, reading, sha256_file
 from ..errors import SFTDataError
 
 __all__ = ["EncodedExample", "load_rows", "data_hash", "encode_rows", "collate", "prompt_formatter", "IGNORE"]
@@ -63,10 +63,11 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
     elif path.suffix == ".parquet":
         import pandas as pd
 
-        rows = pd.read_parquet(path).to_dict("records")
+        with reading(path, SFTDataError, also=(ValueError,)):  # pyarrow's ArrowInvalid is a ValueError
+            rows = pd.read_parquet(path).to_dict("records")
     elif path.suffix in (".jsonl", ".json"):
         rows = []
-        with open(path, encoding="utf-8") as fh:
+        with reading(path, SFTDataError), open(path, encoding="utf-8") as fh:
             for n, line in enumerate(fh, 1):
                 if not line.strip():
                     continue

@@ -234,10 +234,6 @@ def recipe_from_dict(given: Any, *, source: str = "<recipe>", check_files: bool 
     if "train" not in d or not isinstance(d["train"], str) or not d["train"]:
         raise _err(src, "data.train", "required: path to a JSONL, parquet or saved datasets folder.")
     train_path = Path(d["train"]).expanduser().resolve()
-    if check_files and not train_path.exists():
-        raise _err(src, "data.train", f"file not found: {train_path} (relative paths resolve against the "
-                                      "current directory). Build the data, e.g. `probeselect toy-ladder "
-                                      "results/demo/ladder`, or override data.train=PATH.")
     if d["chat_template"] is not None and not isinstance(d["chat_template"], str):
         raise _err(src, "data.chat_template", "expected a Jinja template string or null.")
     max_length = _int(src, "data.max_length", d["max_length"], minimum=2)
@@ -310,7 +306,11 @@ def recipe_from_dict(given: Any, *, source: str = "<recipe>", check_files: bool 
     if eval_every and not transfer.get("heldout"):
         raise _err(src, "eval.every", "periodic held-out loss needs transfer.heldout (held-out SFT rows); "
                                       "set it or use eval.every=0.")
-    return Recipe(
+    if transfer:  # keys and types now; its files are read by the pilot
+        from ..transfer import validate_transfer_config
+
+        validate_transfer_config(transfer, source=src)
+    recipe = Recipe(
         raw=raw,
         sha256=canonical_json_hash(raw),
         name=name,
@@ -335,6 +335,12 @@ def recipe_from_dict(given: Any, *, source: str = "<recipe>", check_files: bool 
         transfer=transfer,
         source=src,
     )
+    # Files last: every typo in the recipe is reported before a missing data file.
+    if check_files and not train_path.exists():
+        raise _err(src, "data.train", f"file not found: {train_path} (relative paths resolve against the "
+                                      "current directory). Build the data, e.g. `probeselect toy-ladder "
+                                      "results/demo/ladder`, or override data.train=PATH.")
+    return recipe
 
 
 def load_recipe(path: str | Path, overrides: Sequence[str] = (), *, check_files: bool = True) -> Recipe:

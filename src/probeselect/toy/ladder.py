@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from ..errors import UsageError
 from .curriculum import BUILTIN_CURRICULA, Curriculum, load_curriculum
 from .world import (
     ARITH_TEMPLATES,
@@ -452,8 +453,12 @@ def build_toy_ladder(
         steps = DEFAULT_STEPS if builtin else curriculum.steps
     steps = None if steps is None else int(steps)
     save_every = DEFAULT_SAVE_EVERY if save_every is None else int(save_every)
-    if (steps is not None and steps < 1) or save_every < 1:
-        raise ValueError("steps and save_every must be >= 1")
+    if steps is not None and steps < 1:
+        raise UsageError(f"toy-ladder: --steps must be a positive number of optimizer steps, got {steps}.")
+    if save_every < 1:
+        raise UsageError(f"toy-ladder: --save-every must be a positive number of steps, got {save_every}.")
+    if Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise UsageError(f"toy-ladder: OUT_DIR {out_dir} is a file; pass a folder (it is created if missing).")
     cur = load_curriculum(curriculum, steps)
     steps = cur.steps
     cfg = TrainConfig(**(train_overrides or {}))
