@@ -315,8 +315,9 @@ def run_pilot(bases, recipe: Recipe | str | Path, out_dir: str | Path, *, progre
             items = pd.DataFrame(columns=["item_id", "kind", "metric", "value", "weight"])
             if recipe.transfer:
                 # a chat template renders its own special tokens: encode like the SFT encoder (no BOS added)
-                items = evaluate_transfer(res.model, tokenizer, recipe.transfer, device=res.device, progress=False,
-                                          format_prompt=fmt, source=recipe.source, add_special_tokens=fmt is None)
+                items = evaluate_transfer(res.model, tokenizer, recipe.transfer, device=res.device, progress=progress,
+                                          format_prompt=fmt, source=recipe.source, add_special_tokens=fmt is None,
+                                          desc=f"{ckpt.name} seed{seed}")
             atomic_write_parquet(run_dir / "transfer_items.parquet", items)
             saved = None if res.steps_trained else _saved_outputs(run_dir, method=recipe.method.type, merged=merged)
             if saved is None:  # newly trained, or the saved model is missing: (re)write it

@@ -420,7 +420,7 @@ def _unwrap(model):
 
 @torch.inference_mode()
 def greedy_decode(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 12,
-                  batch_size: int = 32) -> list[Generation]:
+                  batch_size: int = 32, progress=None) -> list[Generation]:
     """Greedy continuation of every prompt, stopped at EOS or at a newline:
     :func:`probeselect.generation.greedy_generations` (KV-cached, batched longest first,
     left padding with explicit position ids); each :class:`~probeselect.generation.Generation`
@@ -431,7 +431,7 @@ def greedy_decode(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: i
         return []
     try:
         return greedy_generations(_unwrap(model), tokenizer, list(prompts), max_new_tokens=max_new_tokens,
-                                  batch_size=batch_size)
+                                  batch_size=batch_size, progress=progress)
     except ValueError as e:  # e.g. a prompt longer than the model's positions
         raise TransferError(f"transfer generation: {e}. Shorten the prompt or lower transfer.max_new_tokens.") from None
 
@@ -484,8 +484,10 @@ def _rows(items: Sequence[Mapping[str, Any]], metric: str, values, weights=None)
 
 def evaluate_transfer(model, tokenizer, transfer_cfg: Mapping[str, Any], *, device=None, progress: bool = False,
                       format_prompt: FormatPrompt | None = None, source: str = "<recipe>",
-                      add_special_tokens: bool = True) -> pd.DataFrame:
+                      add_special_tokens: bool = True, desc: str = "") -> pd.DataFrame:
     """Evaluate ``model`` on the transfer suite declared by ``transfer_cfg``.
+
+    ``progress`` shows a bar (items done, rate, ETA) named ``transfer <desc>``.
 
     Returns per-item long rows ``item_id, kind, metric, value, weight`` (metrics and
     weights as in the module docstring; reduce with :func:`summarize_transfer`). The model
@@ -513,12 +515,13 @@ def evaluate_transfer(model, tokenizer, transfer_cfg: Mapping[str, Any], *, devi
     model.eval()
     out: list[dict] = []
     steps = [k for k in _FILE_KEYS if getattr(items, k)]
-    bar = tqdm(total=len(steps), desc="transfer", unit="part", leave=False, disable=not progress)
+    bar = tqdm(total=sum(len(getattr(items, k)) for k in steps), desc=f"transfer{' ' + desc if desc else ''}",
+               unit="item", leave=False, disable=not progress)
     try:
         if items.tasks:
             bar.set_postfix_str("tasks")
             gens = greedy_decode(model, tokenizer, [fmt(t["prompt"]) for t in items.tasks], max_new_tokens=mnt,
-                                 batch_size=bs)
+                                 batch_size=bs, progress=bar)
             out += _rows(items.tasks, "task_accuracy",
                          [normalize_answer(g.text) == normalize_answer(t["response"]) for g, t in zip(gens, items.tasks)])
             pairs = [encode_pair(tokenizer, fmt(t["prompt"]), t["response"], what=f"transfer task {t['id']}")
@@ -526,20 +529,18 @@ def evaluate_transfer(model, tokenizer, transfer_cfg: Mapping[str, Any], *, devi
             scores = score_pairs(_unwrap(model), pairs, batch_size=bs, device=device)
             out += _rows(items.tasks, "task_logprob", [s.logprob / s.n_tokens for s in scores])
             out += _rows(items.tasks, "termination", [g.stop == "eos" for g in gens])
-            bar.update(1)
         if items.robustness:
             bar.set_postfix_str("robustness")
             gens = greedy_decode(model, tokenizer, [fmt(r["prompt"]) + r["prefill"] for r in items.robustness],
-                                 max_new_tokens=mnt, batch_size=bs)
+                                 max_new_tokens=mnt, batch_size=bs, progress=bar)
             out += _rows(items.robustness, "robust_recovery",
                          [recovered(g.text, r["answer"], r["misleading"]) for g, r in zip(gens, items.robustness)])
-            bar.update(1)
         if items.heldout:
             bar.set_postfix_str("heldout")
             nll = heldout_nll(model, tokenizer, items.heldout, format_prompt=fmt, device=device, batch_size=bs)
             out += _rows(items.heldout, "heldout_loss", nll["nats"] / nll["tokens"], nll["tokens"])
             out += _rows(items.heldout, "sft_heldout_bpb", nll["nats"] / math.log(2) / nll["bytes"], nll["bytes"])
-            bar.update(1)
+            bar.update(len(items.heldout))
     finally:
         bar.close()
         model.train(was_training)
