@@ -189,3 +189,21 @@ def reading(path, error_cls: type[Exception], *, also: tuple[type[BaseException]
         raise error_cls(f"{path}: cannot read ({exc.strerror or exc}).") from None
     except also as exc:  # noqa: B030 - a tuple of exception types
         raise error_cls(f"{path}: cannot read ({type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}).") from None
+
+
+def replace_dir(staging: Path, final: Path) -> None:
+    """Move the completely written folder ``staging`` to ``final``, replacing the old one.
+
+    A stage that writes several files (e.g. ``dynamics/``) writes them all into a staging
+    folder first, so a failure or interrupt half way never leaves new files mixed with old
+    ones: the old folder stays whole until the new one is complete.
+    """
+    import shutil
+
+    staging, final = Path(staging), Path(final)
+    old = final.with_name(f".{final.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(staging, final)
+    shutil.rmtree(old, ignore_errors=True)

@@ -94,6 +94,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -101,7 +102,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pandas as pd
 
-from ._io import atomic_write_csv, atomic_write_json, reading, sha256_file
+from ._io import atomic_write_csv, atomic_write_json, reading, replace_dir, sha256_file
 from .errors import ProbeselectError
 from .manifest import base_manifest
 from .metrics import direction
@@ -562,7 +563,8 @@ def compute_dynamics(
     Definitions: module docstring. Returns :class:`DynamicsResult`.
     """
     run = load_run(run_dir)
-    out_dir = run.run_dir / "dynamics"
+    final_dir = run.run_dir / "dynamics"
+    out_dir = run.run_dir / ".dynamics.staging"  # written whole, then swapped in (a failure keeps the old folder)
     notes: list[str] = []
     tracks = track_table(run.summary)
     if not len(tracks):
@@ -634,7 +636,8 @@ def compute_dynamics(
     traj_out = traj[["track", "family", "variant", "kind", "metric", "checkpoint", "step", "tokens", "value",
                      "oriented_value", "seed_sd", "seed_min", "seed_max", "ci_low", "ci_high", "accuracy", "candidate_accuracy",
                      "n_items", "n_seeds"]]
-    out_dir.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    out_dir.mkdir(parents=True)
     atomic_write_csv(out_dir / "dynamics.csv", stats)
     atomic_write_csv(out_dir / "trajectories.csv", traj_out)
     atomic_write_csv(out_dir / "pairs.csv", pairs_df)
@@ -657,6 +660,9 @@ def compute_dynamics(
                       *[p.name for p in plot_paths.values()]]
     man["notes"] = notes
     atomic_write_json(out_dir / "manifest.json", man)
+    replace_dir(out_dir, final_dir)
+    out_dir = final_dir
+    plot_paths = {k: (out_dir / p.name if p is not None else None) for k, p in plot_paths.items()}
     return DynamicsResult(run_dir=run.run_dir, out_dir=out_dir, stats=stats, trajectories=traj_out, pairs=pairs_df,
                           correlation=rho, correlation_n=nn, plots=plot_paths, notes=notes)
 
