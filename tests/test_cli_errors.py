@@ -268,8 +268,11 @@ def test_signal_saves_units_and_resumes(ladder2, tmp_path, sig, code, capsys):
     run = tmp_path / "run"
     args = score_args(ladder2, spec, run, "--seeds", "0", "1", "2", "--chunk-items", "1")
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    # A shell's background job inherits SIGINT ignored (and Python then keeps ignoring it);
+    # give the child the default disposition, as a terminal's foreground process has.
     proc = subprocess.Popen([sys.executable, "-m", "probeselect", *map(str, args)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
     while time.time() < deadline and not list((run / "cache").glob("*/*.parquet")):
         assert proc.poll() is None, proc.communicate()
