@@ -165,6 +165,12 @@ def test_hop_edge_cases():
     assert math.isnan(hop_threshold([0.1, 0.1], [1, 1]))  # one evaluation seed: no noise estimate
     # pooled seed sd = sqrt(mean(sd^2)); n = smallest seed count
     assert hop_threshold([0.3, 0.4], [4, 3]) == pytest.approx(HOP_K * math.sqrt(2 / 3) * math.sqrt((0.09 + 0.16) / 2))
+    # the floor: seeds that agree to 0.001 nats do not turn 0.005-nat wiggles into hops
+    assert hop_threshold([0.001, 0.001], [3, 3], floor=0.1) == 0.1
+    assert math.isnan(hop_threshold([np.nan], [3], floor=0.1))  # a floor is not a noise estimate
+    wiggle = [0.0, 0.01, 0.005, 0.012, 0.004, 0.02]
+    assert trajectory_stats(wiggle, seed_sd=[0.001] * 6, n_seeds=[3] * 6)["hops"] == 2
+    assert trajectory_stats(wiggle, seed_sd=[0.001] * 6, n_seeds=[3] * 6, min_hop=0.1)["hops"] == 0
     st = trajectory_stats([0.0, 2.0, 0.0], seed_sd=[np.nan] * 3, n_seeds=[2] * 3)
     assert math.isnan(st["hops"]) and st["learning_crossings"] == 0
     with pytest.raises(ValueError):
@@ -215,7 +221,8 @@ def test_compute_dynamics_tables(run):
     assert v["hop_threshold"] == pytest.approx(3 * 0.2 / math.sqrt(2))
     assert v["hops"] == 1 and v["hop_legs"] == 3 and v["hop_turning_steps"] == "20;40"
     assert v["learning_crossings"] == 0 and v["undone_crossings"] == 2
-    w = st.loc["conf/w"]  # -0.03 -> 3.0: learns and crosses zero once; seed sd 0 -> any leg counts, still one leg
+    w = st.loc["conf/w"]  # -0.03 -> 3.0: learns and crosses zero once (seed sd 0: h is the 0.1-nat floor); one leg
+    assert w["hop_threshold"] == pytest.approx(0.1)
     assert w["hops"] == 0 and w["learning_crossings"] == 1 and w["sign_changes"] == 1 and w["undone_crossings"] == 0
     assert st.loc["cap/v", "hops"] == 0 and st.loc["cap/w", "hops"] == 0
     nll = st.loc["heldout_nll/bpb"]

@@ -149,7 +149,7 @@ def test_title_names_the_run_not_the_stage_folder(tmp_path):
     from probeselect._report_blocks import run_name
 
     assert run_name(tmp_path / "score", {"command": ["probeselect", "run", "recipes/demo.yaml", "out=x"]}) == "demo"
-    assert run_name(tmp_path / "score", {"config": {"checkpoints": "results/demo/ladder"}}) == "ladder demo/ladder"
+    assert run_name(tmp_path / "score", {"config": {"checkpoints": "results/demo/ladder"}}) == "demo/ladder"
     assert run_name(tmp_path / "x" / "score", None) == "x/score"
     run = _make_run(tmp_path / "demo" / "score", [1, 2, 3])
     assert write_report(run).md.read_text().splitlines()[0] == "# probeselect report: demo/score"

@@ -98,13 +98,13 @@ def _track_list(df: pd.DataFrame, col: str, limit: int = 8) -> str:
 def hop_headline(stats: pd.DataFrame, n_ck: int) -> list[str]:
     """Summary bullets on hops (module :mod:`probeselect.dynamics`): conflict tracks in the
     headline, capability tracks named separately, learning crossings apart from hops."""
-    from .dynamics import HOP_K
+    from .dynamics import HOP_K, MIN_HOP_NATS
 
     ms = _margin_stats(stats)
     out: list[str] = []
     rule = (f"a hop is a move later undone (a rise then a fall, or the reverse) whose both legs exceed "
-            f"h = {HOP_K:g} x sqrt(2 / n seeds) x the pooled evaluation-seed sd, i.e. {HOP_K:g} standard errors of a "
-            "difference between two checkpoints")
+            f"h = {HOP_K:g} x sqrt(2 / n seeds) x the pooled evaluation-seed sd ({HOP_K:g} standard errors of a "
+            f"difference between two checkpoints), and at least {MIN_HOP_NATS:g} nats")
     if n_ck < 3:
         return [f"**Hops**: n/a (needs >= 3 checkpoints; this run has {n_ck}). {rule[0].upper()}{rule[1:]}."]
     for kind, label in (("conflict", "conflict"), ("capability", "capability")):
@@ -246,7 +246,7 @@ def _labelled(stats: pd.DataFrame) -> pd.DataFrame:
 
 
 def _hops_section(dyn) -> Section:
-    from .dynamics import HOP_K
+    from .dynamics import HOP_K, MIN_HOP_NATS
 
     st = _labelled(dyn.stats)
     cols = ["track", "kind", "n_checkpoints", "hops", "hop_legs", "hop_turning_steps", "hop_threshold",
@@ -257,7 +257,8 @@ def _hops_section(dyn) -> Section:
         Para(f"A **hop** is a move later undone: a rise then a fall (or the reverse) whose both legs exceed the noise "
              f"threshold h = {HOP_K:g} x sqrt(2 / n) x s, where s is the track's pooled evaluation-seed sd (root mean "
              f"square of `seed_sd` over checkpoints) and n its number of evaluation seeds: {HOP_K:g} standard errors of "
-             "the difference between two checkpoint values. Legs come from a zig-zag filter (a turning point is "
+             f"the difference between two checkpoint values, and at least {MIN_HOP_NATS:g} nats (seeds can agree to "
+             "0.001 nats; a smaller move is not a change of behaviour). Legs come from a zig-zag filter (a turning point is "
              "confirmed once the track moves back from its running extreme by more than h); hops = floor(legs / 2), so "
              "monotone learning (one leg) has 0 hops, a dip that recovers 1, two dips 2. Learning crossings = 1 when the "
              "track ends on the other side of zero from where it started (a crossing that is not undone); sign changes "

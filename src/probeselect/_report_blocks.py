@@ -260,5 +260,5 @@ def run_name(run_dir: Path, manifest: dict | None) -> str:
         return p.name
 
     if ck:
-        return f"ladder {named(Path(ck))}"
+        return named(Path(ck))
     return named(Path(run_dir).resolve())

@@ -113,7 +113,10 @@ def _cmd_dynamics(args: argparse.Namespace) -> int:
 
     if not args.hop_k > 0:
         raise ProbeselectError(f"--hop-k must be a positive number, got {args.hop_k}.")
-    res = compute_dynamics(args.run_dir, noise_window=args.noise_window, hop_k=args.hop_k, plots=not args.no_plots)
+    if not args.min_hop >= 0:
+        raise ProbeselectError(f"--min-hop must be a number >= 0 (nats), got {args.min_hop}.")
+    res = compute_dynamics(args.run_dir, noise_window=args.noise_window, hop_k=args.hop_k, min_hop_nats=args.min_hop,
+                           plots=not args.no_plots)
     cols = ["track", "n_checkpoints", "hops", "hop_threshold", "learning_crossings", "excess_variation", "flip_rate",
             "snr_last_diff"]
     cols = [c for c in cols if c in res.stats.columns]
@@ -241,6 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--hop-k", type=float, default=3.0, metavar="K",
                    help="hop threshold in standard errors of a checkpoint-to-checkpoint difference (from the "
                         "evaluation-seed sd; default 3): both legs of a hop must move more than this")
+    d.add_argument("--min-hop", type=float, default=0.1, metavar="NATS",
+                   help="smallest leg of a margin hop in nats, whatever the seed noise (default 0.1)")
     d.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     d.set_defaults(func=_cmd_dynamics)
 

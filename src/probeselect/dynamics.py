@@ -32,8 +32,10 @@ Checkpoints are taken in step order. With ``m_1..m_n`` the track's checkpoint va
   square over checkpoints of ``seed_sd``, the sd across evaluation seeds of the per-seed
   mean margin, in nats) and ``n`` its number of evaluation seeds (the smallest over
   checkpoints), a checkpoint value has standard error ``s / sqrt(n)`` and the difference of
-  two checkpoint values ``sqrt(2) * s / sqrt(n)``; ``h = k * sqrt(2 / n) * s`` with
-  ``k = HOP_K = 3`` (``hop_threshold`` in ``dynamics.csv``). The legs are found by a
+  two checkpoint values ``sqrt(2) * s / sqrt(n)``; ``h = max(k * sqrt(2 / n) * s, f)``
+  with ``k = HOP_K = 3`` and, for margin tracks, the floor ``f = MIN_HOP_NATS = 0.1`` nats
+  (evaluation seeds can agree to 0.001 nats; a smaller move is not a change of behaviour)
+  (``hop_threshold`` in ``dynamics.csv``). The legs are found by a
   zig-zag (hysteresis) filter (:func:`zigzag_legs`): from the start, follow the running
   extreme; a turning point is confirmed when the track moves back from the extreme by
   more than ``h``, and the next leg starts there. Consecutive legs alternate in direction
@@ -118,6 +120,7 @@ __all__ = [
     "spearman_matrix",
     "EXTRA_TRACK_METRICS",
     "HOP_K",
+    "MIN_HOP_NATS",
     "Leg",
     "HopStats",
     "hop_threshold",
@@ -130,6 +133,9 @@ EXTRA_TRACK_METRICS = ("gen_consistency",)
 #: Hop threshold multiplier: a leg counts when it moves by more than HOP_K standard errors of
 #: a difference of two checkpoint values (see the module docstring and :func:`hop_threshold`).
 HOP_K = 3.0
+#: Smallest leg (nats) that counts for a margin track, whatever the seed noise: evaluation
+#: seeds can agree to 0.001 nats, and a 0.005-nat wiggle is real but not a change of behaviour.
+MIN_HOP_NATS = 0.10
 #: Order of kinds in tables and plots.
 KIND_ORDER = {"conflict": 0, "capability": 1, "nll": 2, "generation": 3}
 _SCORE_COLUMNS = ["checkpoint", "step", "family", "variant", "seed", "item_id", "margin", "correct"]
@@ -309,14 +315,15 @@ class HopStats(NamedTuple):
     sign_changes: float
 
 
-def hop_threshold(seed_sd, n_seeds, *, k: float = HOP_K) -> float:
-    """The hop noise threshold ``h = k * sqrt(2 / n) * s`` (in the track's units).
+def hop_threshold(seed_sd, n_seeds, *, k: float = HOP_K, floor: float = 0.0) -> float:
+    """The hop noise threshold ``h = max(k * sqrt(2 / n) * s, floor)`` (in the track's units).
 
     ``s`` = root mean square of the finite ``seed_sd`` values (pooled evaluation-seed sd of
     the per-seed mean), ``n`` = the smallest finite ``n_seeds`` (>= 2). ``s / sqrt(n)`` is
     the standard error of one checkpoint value, ``sqrt(2)`` times it that of a difference
-    of two. NaN when there is no finite seed sd or fewer than 2 seeds (a single evaluation
-    seed gives no noise estimate).
+    of two. ``floor`` is the smallest move that matters (:data:`MIN_HOP_NATS` for margins in
+    :func:`compute_dynamics`). NaN when there is no finite seed sd or fewer than 2 seeds (a
+    single evaluation seed gives no noise estimate; the floor alone does not make one).
     """
     sd = np.asarray(seed_sd if seed_sd is not None else [], dtype=float).ravel()
     sd = sd[np.isfinite(sd)]
@@ -325,7 +332,7 @@ def hop_threshold(seed_sd, n_seeds, *, k: float = HOP_K) -> float:
     if not sd.size or not n.size or n.min() < 2:
         return float("nan")
     pooled = float(np.sqrt(np.mean(sd ** 2)))
-    return float(k * math.sqrt(2.0 / n.min()) * pooled)
+    return float(max(k * math.sqrt(2.0 / n.min()) * pooled, floor))
 
 
 def zigzag_legs(values, threshold: float) -> list[Leg]:
@@ -413,13 +420,15 @@ def trajectory_stats(
     n_seeds=None,
     noise_window: int = 5,
     hop_k: float = HOP_K,
+    min_hop: float = 0.0,
 ) -> dict[str, Any]:
     """Mode-hopping and signal/noise statistics of one track's checkpoint values.
 
     ``values`` are the per-checkpoint values in step order; ``signed`` counts sign changes
     and learning crossings (margins); ``seed_sd`` the per-checkpoint seed sds and
     ``n_seeds`` the per-checkpoint numbers of evaluation seeds (both set the hop threshold,
-    :func:`hop_threshold` with ``k = hop_k``). Definitions: module docstring.
+    :func:`hop_threshold` with ``k = hop_k`` and ``floor = min_hop``). Definitions: module
+    docstring.
     """
     m = np.asarray(values, dtype=float)
     n = len(m)
@@ -427,7 +436,7 @@ def trajectory_stats(
     nan = float("nan")
     out: dict[str, Any] = {"n_checkpoints": n}
     d = np.diff(m)
-    h = hop_threshold(seed_sd, n_seeds, k=hop_k)
+    h = hop_threshold(seed_sd, n_seeds, k=hop_k, floor=min_hop)
     hs = hop_stats(m, threshold=h, signed=signed)
     out["hops"] = hs.hops
     out["hop_legs"] = float(len(hs.legs)) if np.isfinite(hs.hops) else nan
@@ -552,6 +561,7 @@ def compute_dynamics(
     small_margin_nats: float = 0.10,
     large_margin_nats: float = 0.50,
     hop_k: float = HOP_K,
+    min_hop_nats: float = MIN_HOP_NATS,
     plots: bool = True,
 ) -> DynamicsResult:
     """Compute mode-hopping, signal/noise and correlation statistics of a scored run and
@@ -559,7 +569,8 @@ def compute_dynamics(
 
     ``noise_window`` is the number of final checkpoints used for the checkpoint noise;
     ``acc_jump`` (fraction), ``small_margin_nats`` and ``large_margin_nats`` (nats) set the
-    flags in ``pairs.csv``; ``hop_k`` the hop threshold multiplier (:func:`hop_threshold`).
+    flags in ``pairs.csv``; ``hop_k`` the hop threshold multiplier and ``min_hop_nats`` its
+    floor for margin tracks (:func:`hop_threshold`).
     Definitions: module docstring. Returns :class:`DynamicsResult`.
     """
     run = load_run(run_dir)
@@ -590,7 +601,7 @@ def compute_dynamics(
         st = trajectory_stats(
             g["value"].to_numpy(), steps=g["step"].to_numpy(dtype=float), higher_is_better=bool(first["higher_is_better"]),
             signed=is_margin, seed_sd=g["seed_sd"].to_numpy(dtype=float), n_seeds=g["n_seeds"].to_numpy(dtype=float),
-            noise_window=noise_window, hop_k=hop_k,
+            noise_window=noise_window, hop_k=hop_k, min_hop=min_hop_nats if is_margin else 0.0,
         )
         f = flips[(flips["family"] == first["family"]) & (flips["variant"] == first["variant"])]
         pairs = _pairs_for_track(g, f, acc_jump, small_margin_nats, large_margin_nats) if is_margin else []
@@ -652,6 +663,7 @@ def compute_dynamics(
 
     config = {"run_dir": str(run.run_dir), "noise_window": noise_window, "acc_jump": acc_jump,
               "small_margin_nats": small_margin_nats, "large_margin_nats": large_margin_nats, "hop_k": hop_k,
+              "min_hop_nats": min_hop_nats,
               "correlation": "spearman on oriented values (higher = better)"}
     man = base_manifest("dynamics", config)
     man["inputs"] = {n: sha256_file(run.run_dir / n) for n in ("summary.csv", "scores.parquet")
