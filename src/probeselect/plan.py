@@ -52,7 +52,7 @@ __all__ = ["TransferConstraint", "SelectionSpec", "SelectionPlan", "LockStatus",
 LOCK_NAME = "plan.lock.json"
 # Transfer metrics of probeselect.transfer and their direction (contract; other metric names need `direction`).
 TRANSFER_METRICS = {m: direction_word(m) for m in TRANSFER_METRIC_NAMES}
-_SELECTION_KEYS = ("primary", "constraints", "decision", "uncertainty", "selection_effect")
+_SELECTION_KEYS = ("primary", "constraints", "decision", "uncertainty", "selection_effect", "min_sft_seeds")
 _SKIP_DIRS = {"cache"}  # the scoring cache: derived parts, not results
 
 
@@ -87,13 +87,15 @@ class SelectionSpec:
     seed: int = 0
     level: float = 0.95
     random_proxies: int | None = None
+    min_sft_seeds: int = 3
 
     def to_dict(self) -> dict[str, Any]:
         return {"primary": {"metric": self.primary, "direction": self.direction},
                 "constraints": [{"metric": c.metric, "min": c.min, "max": c.max} for c in self.constraints],
                 "decision": {"rule": "interval_above_margin", "tie_margin": self.tie_margin},
                 "uncertainty": {"bootstrap": self.bootstrap, "seed": self.seed, "level": self.level},
-                "selection_effect": {"random_proxies": self.random_proxies}}
+                "selection_effect": {"random_proxies": self.random_proxies},
+                "min_sft_seeds": self.min_sft_seeds}
 
 
 @dataclass(frozen=True)
@@ -187,8 +189,9 @@ def selection_spec_from_dict(raw: Any, *, source: str = "<plan>") -> SelectionSp
     _only(src, "selection.selection_effect: ", null, ("random_proxies",))
     m = null.get("random_proxies")
     m = None if m is None else _num(src, "selection.selection_effect.random_proxies", m, minimum=1, integer=True)
+    min_seeds = _num(src, "selection.min_sft_seeds", raw.get("min_sft_seeds", 3), minimum=2, integer=True)
     return SelectionSpec(primary=metric, direction=direction, constraints=tuple(cons), tie_margin=tie,
-                         bootstrap=boot, seed=seed, level=level, random_proxies=m)
+                         bootstrap=boot, seed=seed, level=level, random_proxies=m, min_sft_seeds=min_seeds)
 
 
 def load_selection_plan(path: str | Path) -> SelectionPlan:
