@@ -22,9 +22,9 @@ def run(tmp_path):
     d = make_score_run(tmp_path / "run")
     plan = tmp_path / "plan.yaml"
     plan.write_text(PLAN)
+    lock_plan(plan, d, allow_weak=True)  # the whole plan, before the shortlist; k = 3 cannot beat the proxy null
     sl = shortlist(d, plan)
     assert sl.selected == ["checkpoint-40", "checkpoint-60", "checkpoint-50"]
-    lock_plan(plan, d)
     return d, plan
 
 

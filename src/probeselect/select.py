@@ -673,6 +673,30 @@ def _diag_flags(diag: pd.DataFrame | None) -> list[str]:
     return out
 
 
+_VOLATILE = ("created_utc", "command")
+
+
+def _same_record(path: Path, rec: dict[str, Any]) -> bool:
+    """Whether ``path`` already holds ``rec`` up to its time and command line.
+
+    A re-run that reaches the same selection then leaves selection.json byte-identical, so
+    what was derived from it (``confirm.json`` pins its sha256; ``probeselect run`` hashes it
+    to decide whether the confirmation retraining is stale) stays valid, whatever the clock.
+    """
+    import json
+
+    if not path.is_file():
+        return False
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return False
+    if not isinstance(old, dict):
+        return False
+    canon = lambda d: json.dumps({k: v for k, v in d.items() if k not in _VOLATILE}, sort_keys=True, default=str)  # noqa: E731
+    return canon(old) == canon(json.loads(json.dumps(rec, default=str)))
+
+
 def select(run_dir: str | Path, *, plan_path: str | Path | None = None, pilot_dir: str | Path | None = None,
            allow_post_hoc: bool = False) -> SelectionResult:
     """Select a base from the pilot of ``run_dir`` under its locked plan; write
@@ -748,7 +772,8 @@ def select(run_dir: str | Path, *, plan_path: str | Path | None = None, pilot_di
         table="selection.csv",
     )
     atomic_write_csv(csv_path, table)
-    atomic_write_json(json_path, rec)
+    if not _same_record(json_path, rec):
+        atomic_write_json(json_path, rec)
     return SelectionResult(ranking=ranking, proxies=proxies, null=null, post_hoc=post_hoc,
                            post_hoc_reasons=status.reasons, notes=notes, json_path=json_path, csv_path=csv_path,
                            record=rec)
