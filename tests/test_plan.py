@@ -145,7 +145,7 @@ def test_cli_plan_lock(run, capsys):
      r"selection.constraints\[0\].metric 'terminaton'.*Did you mean \"termination\""),
     (("family: rel,", "family: rell,"), r"family 'rell' is not in this run\. Did you mean \"rel\""),
     (("variant: x,", "variant: y,"), r"has no variant 'y'"),
-    (("metric: mean_margin}\n  - {family: rel", "metric: mean_margn}\n  - {family: rel"),
+    (("metric: mean_margin}\n  - {family: rel", "metric: mean_margn, direction: higher}\n  - {family: rel"),
      r"metric 'mean_margn' is not a numeric summary.csv column\. Did you mean \"mean_margin\""),
     (("k: 5", "k: 5\ncandidates: [checkpoint-70]"), r"candidate 'checkpoint-70' is not a checkpoint"),
 ])
