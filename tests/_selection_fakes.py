@@ -58,7 +58,7 @@ def make_score_run(path: Path, steps=STEPS) -> Path:
     return path
 
 
-def write_fake_pilot(out: Path, truth: dict[str, dict[str, float]], *, seeds=(0, 1), n_items: int = 60,
+def write_fake_pilot(out: Path, truth: dict[str, dict[str, float]], *, seeds=(0, 1, 2), n_items: int = 60,
                      rng_seed: int = 0, diagnostics: dict | None = None) -> Path:
     """Pilot outputs in the contract layout. ``truth[base][metric]`` is the success probability
     (accuracy-like metrics: Bernoulli per item) or the mean (heldout_loss: normal per item)."""
@@ -87,3 +87,23 @@ def write_fake_pilot(out: Path, truth: dict[str, dict[str, float]], *, seeds=(0,
     atomic_write_json(out / "manifest.json", {"kind": "pilot", "bases": [{"name": b, "path": f"/ladder/{b}"}
                                                                         for b in truth]})
     return out
+
+
+def simulate_pilot_items(rng: np.random.Generator, *, studies: int, true_means, n_seeds: int, n_items: int = 100,
+                         sd_seed: float = 0.3, sd_base_seed: float = 0.15, sd_item: float = 1.0,
+                         sd_item_effect: float = 0.5) -> np.ndarray:
+    """Per-item transfer values of ``studies`` synthetic pilots, array (studies, k, n_seeds, n_items).
+
+    value = true mean of the base + seed effect shared by every base trained under that seed
+    (sd ``sd_seed``) + base x seed interaction (``sd_base_seed``) + item difficulty shared by
+    every run (``sd_item_effect``) + item noise (``sd_item``). The seed value of a run is the
+    item mean, so item noise reaches the decision through it. Units are arbitrary (think
+    nats per token); the known true difference of bases i and j is true_means[i] - true_means[j].
+    """
+    mu = np.asarray(true_means, float)
+    k = len(mu)
+    u = rng.normal(0.0, sd_seed, (studies, 1, n_seeds, 1))
+    w = rng.normal(0.0, sd_base_seed, (studies, k, n_seeds, 1))
+    a = rng.normal(0.0, sd_item_effect, (studies, 1, 1, n_items))
+    e = rng.normal(0.0, sd_item, (studies, k, n_seeds, n_items))
+    return mu[None, :, None, None] + u + w + a + e

@@ -22,8 +22,8 @@ def selected(tmp_path):
     d = make_score_run(tmp_path / "run")
     plan = tmp_path / "plan.yaml"
     plan.write_text(PLAN)
+    lock_plan(plan, d, allow_weak=True)
     shortlist(d, plan)
-    lock_plan(plan, d)
     write_fake_pilot(d / "pilot", {b: {"task_accuracy": a, "termination": 0.9} for b, a in zip(NAMES, (0.9, 0.6, 0.3))})
     select(d)
     return d

@@ -10,7 +10,8 @@ from probeselect.cli import main
 from probeselect.errors import ProbeSpecError, SelectionError
 from probeselect.plan import (TRANSFER_METRICS, check_lock, is_outcome_file, load_selection_plan, lock_plan,
                               selection_spec_from_dict)
-from probeselect.shortlist import load_plan
+from probeselect.shortlist import load_plan, shortlist
+from _selection_fakes import make_score_run
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,6 +65,7 @@ PLAN = """\
 proxies:
   - {family: conf, variant: "*", metric: mean_margin}
   - {family: rel, variant: x, metric: mean_margin}
+k: 5
 selection:
   primary: {metric: task_accuracy}
   decision: {tie_margin: 0.0}
@@ -72,9 +74,8 @@ selection:
 
 @pytest.fixture
 def run(tmp_path):
-    d = tmp_path / "run"
+    d = make_score_run(tmp_path / "run")
     (d / "cache").mkdir(parents=True)
-    (d / "summary.csv").write_text("a,b\n1,2\n")
     (d / "cache" / "part.parquet").write_text("x")
     plan = tmp_path / "plan.yaml"
     plan.write_text(PLAN)
@@ -87,8 +88,8 @@ def test_lock_records_hash_text_and_files(run):
     on_disk = json.loads((d / "plan.lock.json").read_text())
     assert on_disk == json.loads(json.dumps(rec))
     assert rec["plan_sha256"] == sha256_file(plan) and rec["plan_text"] == PLAN
-    assert [f["path"] for f in rec["files"]] == ["summary.csv"]           # cache/ is not a result
-    assert rec["files"][0]["sha256"] == sha256_file(d / "summary.csv")
+    assert [f["path"] for f in rec["files"]] == ["manifest.json", "scores.parquet", "summary.csv"]  # cache/: not a result
+    assert rec["files"][2]["sha256"] == sha256_file(d / "summary.csv")
     assert rec["outcome_files_at_lock"] == [] and rec["locked_utc"]
     st = check_lock(d)
     assert not st.post_hoc and st.reasons == []
@@ -135,3 +136,71 @@ def test_cli_plan_lock(run, capsys):
     assert (d / "plan.lock.json").is_file() and "locked" in capsys.readouterr().out
     assert main(["plan", "lock", str(plan), "--run", str(d)]) == 2      # refused, one-line error
     assert "already has a plan lock" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("edit, match", [
+    (("task_accuracy}", "task_logprb, direction: higher}"),
+     r"selection.primary.metric 'task_logprb' is not a transfer metric\. Did you mean \"task_logprob\"\?"),
+    (("decision:", "constraints: [{metric: terminaton, min: 0.5}]\n  decision:"),
+     r"selection.constraints\[0\].metric 'terminaton'.*Did you mean \"termination\""),
+    (("family: rel,", "family: rell,"), r"family 'rell' is not in this run\. Did you mean \"rel\""),
+    (("variant: x,", "variant: y,"), r"has no variant 'y'"),
+    (("metric: mean_margin}\n  - {family: rel", "metric: mean_margn, direction: higher}\n  - {family: rel"),
+     r"metric 'mean_margn' is not a numeric summary.csv column\. Did you mean \"mean_margin\""),
+    (("k: 5", "k: 5\ncandidates: [checkpoint-70]"), r"candidate 'checkpoint-70' is not a checkpoint"),
+])
+def test_lock_validates_every_name_against_the_run(run, edit, match, capsys):
+    """A misspelled name fails at `plan lock` (exit 2, naming the plan file and the fix), not at select."""
+    d, plan = run
+    plan.write_text(PLAN.replace(*edit))
+    with pytest.raises(ProbeSpecError, match=match) as e:
+        lock_plan(plan, d)
+    assert str(plan) in str(e.value) and not (d / "plan.lock.json").exists()
+    assert main(["plan", "lock", str(plan), "--run", str(d)]) == 2
+    err = capsys.readouterr().err
+    assert str(plan) in err and "Traceback" not in err
+
+
+def test_lock_checks_metrics_against_the_pilot_recipe(run, tmp_path):
+    d, plan = run
+    plan.write_text(PLAN.replace("task_accuracy}", "sft_heldout_bpb}"))
+    with pytest.raises(ProbeSpecError, match=r"'sft_heldout_bpb' is not produced by the transfer suite of .*parts: tasks\)"):
+        lock_plan(plan, d, recipe=REPO / "recipes" / "pilot.yaml",
+                  recipe_overrides=["transfer.tasks=x.jsonl", "transfer.heldout=null", "transfer.robustness=null",
+                                    "eval.every=0"])
+    plan.write_text(PLAN)
+    rec = lock_plan(plan, d, recipe=REPO / "recipes" / "pilot.yaml", recipe_overrides=["transfer.tasks=x.jsonl"])
+    # recipes/pilot.yaml trains 2 seeds; the plan asks for 3 by default
+    assert rec["recipe"]["seeds"] == [0, 1] and any("min_sft_seeds = 3" in w for w in rec["warnings"])
+
+
+def test_weak_proxy_null_is_refused_without_allow_weak(run, capsys):
+    """k = 3 bases with 2 proxies + the aggregate: a perfect proxy reaches p = 1 - (5/6)^3 = 0.42 > 0.05."""
+    d, plan = run
+    plan.write_text(PLAN.replace("k: 5", "k: 3"))
+    with pytest.raises(SelectionError, match=r"k = 3 shortlisted bases and 3 candidates.*p >= 0\.42.*smallest k that "
+                                             r"could beat the null is 5.*--allow-weak"):
+        lock_plan(plan, d)
+    assert main(["plan", "lock", str(plan), "--run", str(d)]) == 2
+    assert main(["plan", "lock", str(plan), "--run", str(d), "--allow-weak"]) == 0
+    err = capsys.readouterr().err
+    assert "warning:" in err and "smallest k that could beat the null is 5" in err
+    rec = json.loads((d / "plan.lock.json").read_text())
+    assert rec["proxy_null"]["allowed_weak"] and rec["proxy_null"]["smallest_k"] == 5
+
+
+def test_shortlist_before_the_lock_or_with_another_plan_is_post_hoc(run, tmp_path):
+    d, plan = run
+    lock_plan(plan, d)
+    res = shortlist(d, plan)
+    assert not check_lock(d).post_hoc and json.loads(res.json_path.read_text())["post_hoc"] is False
+    other = tmp_path / "other.yaml"
+    other.write_text(PLAN.replace("k: 5", "k: 6"))   # any change to the shortlist part counts
+    res = shortlist(d, other)
+    assert json.loads(res.json_path.read_text())["post_hoc"] is True and any("POST-HOC" in n for n in res.notes)
+    st = check_lock(d)
+    assert st.post_hoc and "plan other than the locked one" in st.reasons[0]
+    # a lock taken after the shortlist exists: POST-HOC too
+    lock_plan(plan, d, force=True)
+    st = check_lock(d)
+    assert st.post_hoc and any("existed before the plan was locked" in r for r in st.reasons)

@@ -3,6 +3,7 @@ inputs, POST-HOC stop after a plan edit. Real scoring on the tiny ladder; run_pi
 monkeypatched (test_run_end_to_end_with_the_real_pilot uses the real one)."""
 
 import json
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -29,9 +30,9 @@ selection:
 """
 
 
-def _config(tmp_path, ladder, confirm=True) -> Path:
+def _config(tmp_path, ladder, confirm=True, tie_margin=0.0) -> Path:
     plan = tmp_path / "plan.yaml"
-    plan.write_text(PLAN)
+    plan.write_text(PLAN.replace("tie_margin: 0.0", f"tie_margin: {tie_margin}"))
     cfg = {
         "out": str(tmp_path / "out"),
         "ladder": str(ladder),
@@ -40,6 +41,7 @@ def _config(tmp_path, ladder, confirm=True) -> Path:
         "plan": str(plan),
         "pilot": {"recipe": "recipes/pilot.yaml", "overrides": ["data.train={ladder}/data/sft.jsonl"]},
         "confirm": {"recipe": "recipes/confirm.yaml", "top": 2} if confirm else None,
+        "select": {"allow_post_hoc": False, "allow_weak": True},  # k = 2 bases cannot beat the proxy null
         "device": "cpu",
     }
     p = tmp_path / "run.yaml"
@@ -47,8 +49,14 @@ def _config(tmp_path, ladder, confirm=True) -> Path:
     return p
 
 
-@pytest.fixture
-def fake_pilot(monkeypatch):
+PLANTED = {"winner": lambda i: {"task_accuracy": 0.95 if i == 0 else 0.2, "termination": 0.9},
+           "tie": lambda i: {"task_accuracy": 0.6, "termination": 0.9}}
+
+
+def _fake_pilot(monkeypatch, planted):
+    """run_pilot replaced by synthetic tables (3 SFT seeds, 200 items): with "winner" the first shortlisted
+    base is far better than the others (95% vs 20% accuracy, so every interval is far above 0); with "tie"
+    every base has the same pilot rows (same rng for each), so every paired seed difference is exactly 0."""
     calls = []
 
     def run_pilot(bases, recipe, out_dir, *, progress=True, device="auto", overrides=()):
@@ -57,14 +65,34 @@ def fake_pilot(monkeypatch):
         if isinstance(bases, list):
             names = [Path(b).name for b in bases]
         else:
-            import pandas as pd
             sl = pd.read_csv(bases)
             names = list(sl.loc[sl["selected"], "checkpoint"])
-        truth = {n: {"task_accuracy": 0.9 - 0.3 * i, "termination": 0.9} for i, n in enumerate(names)}
-        write_fake_pilot(Path(out_dir), truth, n_items=30)
+        if planted == "tie":
+            parts = Path(str(out_dir) + "_parts")
+            for n in names:  # identical rows per base: a tie by construction
+                write_fake_pilot(parts / n, {n: PLANTED["tie"](0)}, n_items=200)
+            _merge(Path(out_dir), [parts / n for n in names], names)
+        else:
+            write_fake_pilot(Path(out_dir), {n: PLANTED[planted](i) for i, n in enumerate(names)}, n_items=200)
 
     monkeypatch.setattr(confirm_mod, "_load_pilot_fn", lambda: run_pilot)
     return calls
+
+
+def _merge(out: Path, parts: list[Path], names: list[str]) -> None:
+    from probeselect._io import atomic_write_csv, atomic_write_json, atomic_write_parquet
+
+    atomic_write_json(out / "manifest.json", {"kind": "pilot", "bases": [{"name": b, "path": f"/ladder/{b}"}
+                                                                        for b in names]})
+    for name in ("transfer.csv", "diagnostics.csv"):
+        atomic_write_csv(out / name, pd.concat([pd.read_csv(p / name) for p in parts]))
+    atomic_write_parquet(out / "transfer_items.parquet",
+                         pd.concat([pd.read_parquet(p / "transfer_items.parquet") for p in parts]))
+
+
+@pytest.fixture
+def fake_pilot(monkeypatch):
+    return _fake_pilot(monkeypatch, "winner")
 
 
 def test_config_errors(tmp_path):
@@ -90,10 +118,16 @@ def test_run_skips_up_to_date_stages_and_marks_post_hoc(tmp_path, tiny_ladder, f
         assert (run / f).is_file(), f
     sel = json.loads((run / "selection.json").read_text())
     assert sel["status"] == "predeclared" and sel["lock"]["outcome_files_at_lock"] == []
+    assert sel["lock"]["plan_sha256"] and json.loads((run / "plan.lock.json").read_text())["shortlist_files_at_lock"] == []
+    # the planted winner (the first shortlisted base) is found, and the confirmation (same fake) holds it
+    first = pd.read_csv(run / "shortlist.csv").query("selected")["checkpoint"].iloc[0]  # fake_pilot's planted winner
+    assert sel["decision"]["verdict"] == "winner" and sel["decision"]["recommended"] == first
+    assert json.loads((run / "confirm.json").read_text())["held"] is True
     assert fake_pilot[0][0].endswith("shortlist.csv") and fake_pilot[0][2][0].startswith(f"data.train={tiny_ladder}")
     assert len(fake_pilot[1][0]) == 2  # confirm: top 2 by name
     state = json.loads((tmp_path / "out" / "run_state.json").read_text())
     assert set(state["stages"]) == {"score", "dynamics", "shortlist", "lock", "pilot", "select", "confirm", "report"}
+    assert [s.name for s in res.stages].index("lock") < [s.name for s in res.stages].index("shortlist")
 
     # second run: nothing to do
     res2 = run_pipeline(cfg, progress=False, log=lambda m: None)
@@ -101,11 +135,20 @@ def test_run_skips_up_to_date_stages_and_marks_post_hoc(tmp_path, tiny_ladder, f
         n: "skipped" for n in state["stages"]}
     assert len(fake_pilot) == 2
 
-    # a tampered output reruns its stage and everything downstream of it
+    # a tampered output reruns its stage; it restores the same selection, so selection.json keeps its bytes
+    # (whatever the clock says: the sleep makes its time stamp differ) and the confirmation, which pins
+    # selection.json's sha256, is not retrained for nothing
+    sel_bytes = (run / "selection.json").read_bytes()
+    time.sleep(1.1)
     (run / "selection.csv").write_text("tampered\n")
     res3 = run_pipeline(cfg, progress=False, log=lambda m: None)
     ran = [s.name for s in res3.stages if s.status == "ran"]
-    assert ran == ["select", "confirm", "report"]
+    assert ran == ["select"] and (run / "selection.json").read_bytes() == sel_bytes
+    assert len(fake_pilot) == 2
+    # a missing confirmation reruns it and the report
+    (run / "confirm.json").unlink()
+    res3b = run_pipeline(cfg, progress=False, log=lambda m: None)
+    assert [s.name for s in res3b.stages if s.status == "ran"] == ["confirm", "report"]
 
     # the plan edited after the lock: shortlist reruns, the lock is kept, select stops POST-HOC
     plan = tmp_path / "plan.yaml"
@@ -119,11 +162,18 @@ def test_run_skips_up_to_date_stages_and_marks_post_hoc(tmp_path, tiny_ladder, f
     assert (run / "report.md").read_text().startswith("# POST-HOC")
 
 
-def test_cli_run(tmp_path, tiny_ladder, fake_pilot, capsys):
+def test_cli_run_with_a_planted_tie_names_no_winner(tmp_path, tiny_ladder, monkeypatch, capsys):
+    """Every shortlisted base gets the same pilot rows: the paired differences are exactly 0, so the only
+    correct verdict is "no clear winner"."""
+    calls = _fake_pilot(monkeypatch, "tie")
     cfg = _config(tmp_path, tiny_ladder, confirm=False)
     assert main(["run", str(cfg), "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert "confirm    off" in out and "report     ran" in out
+    assert "confirm    off" in out and "report     ran" in out and "no clear winner" in out
+    sel = json.loads((tmp_path / "out" / "score" / "selection.json").read_text())
+    assert sel["decision"]["verdict"] == "no_clear_winner" and sel["decision"]["recommended"] is None
+    assert sel["decision"]["diff"] == 0 and sel["decision"]["diff_ci"] == [0, 0]
+    assert "overlaps the tie margin" in sel["decision"]["reason"] and len(calls) == 1
     assert main(["run", str(cfg), "--no-progress", "--force", "report"]) == 0
     out = capsys.readouterr().out
     assert "report     ran" in out and "select     skipped" in out
@@ -157,7 +207,9 @@ def test_run_end_to_end_with_the_real_pilot(tmp_path, tiny_ladder):
     assert avg["checkpoint"].nunique() == 5 and (tmp_path / "out" / "ladder-avg4").is_dir()
     sel = json.loads((run / "selection.json").read_text())
     assert sel["status"] == "predeclared" and len(sel["bases"]) == 3
-    assert sel["decision"]["verdict"] in ("winner", "no_clear_winner")
+    # one SFT seed: no interval, so the only correct verdict is "no clear winner"
+    assert sel["decision"]["verdict"] == "no_clear_winner" and sel["decision"]["reason"].startswith("one SFT seed")
+    assert sel["n_sft_seeds"] == 1 and sel["decision"]["recommended"] is None
     conf = json.loads((run / "confirm.json").read_text())
     assert len(conf["bases"]) == 2 and conf["bases"] == [b["base"] for b in sel["bases"]][:2]
     diag = (run / "pilot" / "diagnostics.csv").read_text().splitlines()
@@ -165,3 +217,4 @@ def test_run_end_to_end_with_the_real_pilot(tmp_path, tiny_ladder):
     md = (run / "report.md").read_text()
     assert "## Run correctness" in md and "| base | seed | steps |" in md
     assert "## Averaging vs raw" in md
+

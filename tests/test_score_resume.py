@@ -112,5 +112,12 @@ def test_two_processes_equal_one(tiny_ladder, spec_file, reference, tmp_path):
     pd.testing.assert_frame_equal(pd.read_csv(out / "summary.csv"), pd.read_csv(reference.run_dir / "summary.csv"))
     m = json.loads((out / "manifest.json").read_text())
     assert m["config"]["world_size"] == 2 and m["status"] == "complete"
-    # Both ranks did model work: the units were sharded, not duplicated.
+    # Both ranks did model work: each rank computed a non-empty share of the units, the shares are disjoint
+    # and together they are every unit (fails if one rank does everything or both do the same units).
     assert len(m["scored_now"]) == len(m["checkpoints"])
+    per_rank = {r["rank"]: set(r["computed"]) for r in m["units_by_rank"]}
+    assert sorted(per_rank) == [0, 1] and all(per_rank.values())
+    assert not per_rank[0] & per_rank[1]
+    assert {r["rank"]: set(r["assigned"]) for r in m["units_by_rank"]} == per_rank  # a fresh run computes its share
+    one = json.loads((reference.run_dir / "manifest.json").read_text())
+    assert per_rank[0] | per_rank[1] == set(one["units_by_rank"][0]["computed"]) and len(one["units_by_rank"]) == 1

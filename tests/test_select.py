@@ -22,9 +22,9 @@ def run(tmp_path):
     d = make_score_run(tmp_path / "run")
     plan = tmp_path / "plan.yaml"
     plan.write_text(PLAN)
+    lock_plan(plan, d, allow_weak=True)  # the whole plan, before the shortlist; k = 3 cannot beat the proxy null
     sl = shortlist(d, plan)
     assert sl.selected == ["checkpoint-40", "checkpoint-60", "checkpoint-50"]
-    lock_plan(plan, d)
     return d, plan
 
 
@@ -77,52 +77,110 @@ def test_constraint_excludes_the_best_transfer_base(run):
     assert math.isnan(t.loc["checkpoint-40", "p_best"])
 
 
-def test_bootstrap_matches_the_binomial_interval_and_degenerate_cases(tmp_path):
-    """One seed, 400 Bernoulli items at p=0.5: the 95% interval half-width ~ 1.96*sqrt(.25/400) = 0.049.
-    A base that is always right vs one always wrong: difference 1 with a zero-width interval."""
-    n = 400
-    rows = [dict(base=b, seed=0, metric="task_accuracy", item_id=i, value=v)
-            for i in range(n) for b, v in (("a", float(i % 2)), ("one", 1.0), ("zero", 0.0))]
-    items = pd.DataFrame(rows)
-    transfer = items.groupby(["base", "seed", "metric"], as_index=False)["value"].mean()
-    spec = SelectionSpec(primary="task_accuracy", bootstrap=4000, seed=1)
-    r = rank_bases(PilotTables(tmp_path, transfer, items, None), spec)
+def test_t_intervals_match_the_formula_and_one_seed_has_none(tmp_path):
+    """Three seeds: the per-base interval is mean +- t_{.975,2} sd/sqrt(3) of the seed values, the top-vs-
+    runner-up interval the same on the paired seed differences (k = 2: no Bonferroni factor), and
+    P(top beats runner-up) the t CDF of mean/se. One seed: no interval, no clear winner."""
+    from scipy.stats import t as student_t
+
+    vals = {"a": [0.50, 0.62, 0.58], "b": [0.40, 0.45, 0.52]}
+    transfer = pd.DataFrame([dict(base=b, seed=s, metric="task_accuracy", value=v)
+                             for b, vs in vals.items() for s, v in enumerate(vs)])
+    r = rank_bases(PilotTables(tmp_path, transfer, None, None), SelectionSpec(primary="task_accuracy", bootstrap=4000))
     t = r.table.set_index("base")
-    half = (t.loc["a", "ci_hi"] - t.loc["a", "ci_lo"]) / 2
-    assert half == pytest.approx(1.96 * math.sqrt(0.25 / n), rel=0.1)
-    assert (t.loc["one", "ci_lo"], t.loc["one", "ci_hi"]) == pytest.approx((1.0, 1.0), abs=1e-12)
-    assert r.top == "one" and r.runner_up == "a" and r.diff == pytest.approx(0.5)
-    assert r.p_top_beats_runner_up == 1.0 and r.verdict == "winner"
-    assert any("one SFT seed" in n for n in r.notes)
+    q = student_t.ppf(0.975, 2)
+    for b, vs in vals.items():
+        half = q * np.std(vs, ddof=1) / math.sqrt(3)
+        assert (t.loc[b, "ci_lo"], t.loc[b, "ci_hi"]) == pytest.approx((np.mean(vs) - half, np.mean(vs) + half), abs=1e-12)
+    d = np.subtract(vals["a"], vals["b"])
+    se = np.std(d, ddof=1) / math.sqrt(3)
+    assert r.top == "a" and r.diff == pytest.approx(d.mean(), abs=1e-12)
+    assert r.diff_ci == pytest.approx((d.mean() - q * se, d.mean() + q * se), abs=1e-12)
+    assert r.p_top_beats_runner_up == pytest.approx(student_t.cdf(d.mean() / se, 2), abs=1e-12)
+    assert r.verdict == ("winner" if d.mean() - q * se > 0 else "no_clear_winner")
+    # p_best from the multivariate t posterior agrees with the exact t probability (Monte Carlo, 4000 draws)
+    assert t.loc["a", "p_best"] == pytest.approx(r.p_top_beats_runner_up, abs=0.02)
+
+    one = transfer[transfer["seed"] == 0]
+    r1 = rank_bases(PilotTables(tmp_path, one, None, None), SelectionSpec(primary="task_accuracy"))
+    assert r1.verdict == "no_clear_winner" and r1.diff_ci is None and r1.p_top_beats_runner_up is None
+    assert r1.table["ci_lo"].isna().all() and any("one SFT seed" in n for n in r1.notes)
 
 
-def test_lower_is_better_token_weighted_metric_is_centred_on_its_point(tmp_path):
-    rng = np.random.default_rng(0)
-    rows = [dict(base=b, seed=s, metric="heldout_loss", item_id=i, value=float(rng.normal(mu, 0.2)))
-            for b, mu in (("good", 1.0), ("bad", 1.5)) for s in (0, 1) for i in range(50)]
-    items = pd.DataFrame(rows)
-    transfer = items.groupby(["base", "seed", "metric"], as_index=False)["value"].mean()
-    transfer["value"] += 0.01  # token weighting makes the run value differ from the item mean
-    r = rank_bases(PilotTables(tmp_path, transfer, items, None),
-                   SelectionSpec(primary="heldout_loss", direction="lower", bootstrap=500))
-    t = r.table.set_index("base")
-    assert r.recommended == "good" and r.diff == pytest.approx(t.loc["bad", "value"] - t.loc["good", "value"])
-    mid = (t["ci_lo"] + t["ci_hi"]) / 2
-    assert np.allclose(mid, t["value"], atol=0.02)
-    assert any("token weighted" in n for n in r.notes)
+def test_fewer_seeds_than_min_sft_seeds_names_no_winner(run):
+    d, _ = run
+    write_fake_pilot(d / "pilot", _truth((0.95, 0.2, 0.1)), seeds=(0, 1))
+    r = select(d).ranking
+    assert r.verdict == "no_clear_winner" and r.recommended is None and r.top == "checkpoint-40"
+    assert r.reason.startswith("2 SFT seeds < min_sft_seeds 3")
+    js = json.loads((d / "selection.json").read_text())
+    assert js["n_sft_seeds"] == 2 and js["min_sft_seeds"] == 3 and js["decision"]["reason"] == r.reason
+
+
+@pytest.mark.parametrize("n_seeds", [2, 3, 5])
+def test_simulated_coverage_and_false_winner_rate(n_seeds):
+    """Synthetic pilots with seed effects shared across bases, base x seed interaction, item difficulty and item
+    noise (tests/_selection_fakes.simulate_pilot_items), decided by the same compare_top that rank_bases uses:
+    95% intervals of top - runner-up cover the true difference of the picked pair in >= 93% of studies (k = 2
+    and k = 3), and with equal bases a clear winner is declared in <= 5% of studies (k = 2: exactly 5% in
+    theory, so the bound allows 2 Monte Carlo standard errors; k = 3: Bonferroni makes it far smaller).
+    The table for both the old bootstrap and this method: bench/README.md (bench/selection_coverage.py)."""
+    from _selection_fakes import simulate_pilot_items
+
+    from probeselect.select import compare_top
+
+    rng = np.random.default_rng(100 + n_seeds)
+    studies = 4000
+    se = math.sqrt(0.05 * 0.95 / studies)
+    for means in ([0.2, 0.0], [0.2, 0.0, -0.1]):
+        mu = np.asarray(means)
+        c = compare_top(simulate_pilot_items(rng, studies=studies, true_means=mu, n_seeds=n_seeds).mean(-1), 0.95)
+        _, lo, hi = c.runner_up_diff()
+        truth = mu[c.top] - mu[c.runner_up]
+        assert np.mean((lo <= truth) & (truth <= hi)) >= 0.93, means
+        null = compare_top(simulate_pilot_items(rng, studies=studies, true_means=[0.0] * len(mu),
+                                                n_seeds=n_seeds).mean(-1), 0.95)
+        assert np.mean(null.winner(0.0)) <= 0.05 + 2 * se, len(mu)
 
 
 def test_exact_null_for_three_bases():
     null = best_of_m_null(np.array([3.0, 2.0, 1.0]), m=4)
-    assert null.method == "exact"
-    assert np.allclose(null.support["spearman"], [-1, -0.5, 0.5, 1])
-    assert np.allclose(null.prob["spearman"], [1 / 6, 1 / 3, 1 / 3, 1 / 6])
+    assert null.method == "exact" and null.m == 4
+    assert np.allclose(null.support["spearman"][0], [-1, -0.5, 0.5, 1])
+    assert np.allclose(null.prob["spearman"][0], [1 / 6, 1 / 3, 1 / 3, 1 / 6])
     assert null.p_single("spearman", 1.0) == pytest.approx(1 / 6)
     assert null.p_best_of_m("spearman", 1.0) == pytest.approx(1 - (5 / 6) ** 4)
     assert null.p_best_of_m("spearman", 0.5) == pytest.approx(1 - (1 / 2) ** 4)  # P(all four < 0.5)
     assert null.quantile("spearman", 0.95) == 1.0
     assert best_of_m_null(np.array([3.0, 2.0, 1.0]), m=1).quantile("spearman", 0.5) == -0.5
-    assert np.allclose(null.support["kendall"], [-1, -1 / 3, 1 / 3, 1])
+    assert np.allclose(null.support["kendall"][0], [-1, -1 / 3, 1 / 3, 1])
+
+
+def test_null_keeps_each_candidates_ties():
+    """A proxy with values (5, 5, 1) over 3 bases can only order them 3 distinct ways: its random counterpart
+    reaches its best Spearman (0.866 against distinct transfer values) with probability 1/3, not 1/6;
+    tau-b reaches 0.816. The best of the candidates multiplies each candidate's own CDF."""
+    from scipy.stats import kendalltau, spearmanr
+
+    t = np.array([3.0, 2.0, 1.0])
+    tied = np.array([5.0, 5.0, 1.0])
+    null = best_of_m_null(t, candidates=[tied, np.array([3.0, 2.0, 1.0])])
+    top_rho = spearmanr(tied, t).statistic
+    assert null.support["spearman"][0][-1] == pytest.approx(top_rho) and top_rho == pytest.approx(math.sqrt(3) / 2)
+    assert null.p_single("spearman", top_rho, 0) == pytest.approx(1 / 3)
+    assert null.support["kendall"][0][-1] == pytest.approx(kendalltau(tied, t).statistic)
+    # P(best of the two >= 0.866) = 1 - P(tied < .866) * P(untied < .866) = 1 - (2/3)(5/6)
+    assert null.p_best_of_m("spearman", top_rho) == pytest.approx(1 - (2 / 3) * (5 / 6))
+    assert null.tied == [True, False]
+
+
+def test_a_perfect_proxy_cannot_beat_the_null_with_three_bases():
+    from probeselect.select import min_p_best_of_m, smallest_beatable_k
+
+    assert min_p_best_of_m(3, 5) == pytest.approx(1 - (5 / 6) ** 5)       # 4 proxies + the aggregate: 0.60
+    assert best_of_m_null(np.arange(3.0), m=5).p_best_of_m("spearman", 1.0) == pytest.approx(min_p_best_of_m(3, 5))
+    assert smallest_beatable_k(5) == 5 and min_p_best_of_m(4, 5) > 0.05 > min_p_best_of_m(5, 5)
+    assert smallest_beatable_k(1) == 4  # even a single predeclared proxy needs 4 bases (1/24 < 0.05 < 1/6)
 
 
 def test_monte_carlo_null_for_many_bases():
@@ -147,11 +205,11 @@ def test_proxy_validation_signs_and_small_n_notes(run):
     v = sl.loc[["checkpoint-40", "checkpoint-60", "checkpoint-50"], "value[rel/x:mean_margin]"].to_numpy()
     from scipy.stats import spearmanr
     assert pv.loc["rel/x:mean_margin", "spearman"] == pytest.approx(spearmanr(v, [1.0, 0.5, 0.0]).statistic)
-    assert (pv["n_bases"] == 3).all() and res.null.m == 2 and res.null.method == "exact"
+    assert (pv["n_bases"] == 3).all() and res.null.m == 3 and res.null.method == "exact"  # 2 proxies + aggregate
     assert pv["p_best_of_m_spearman"].ge(pv["p_single_spearman"]).all()
     assert any("with 3 bases" in n for n in res.notes)
     js = json.loads((d / "selection.json").read_text())
-    assert js["null"]["m_random_proxies"] == 2 and len(js["proxy_validation"]) == 3  # 2 proxies + the aggregate
+    assert js["null"]["candidates"] == 3 and len(js["proxy_validation"]) == 3  # 2 proxies + the aggregate
 
 
 def test_select_refuses_without_lock_and_post_hoc_is_marked_everywhere(run, tmp_path):

@@ -21,9 +21,14 @@ def _fmt(x) -> str:
 def _cmd_plan(args: argparse.Namespace) -> int:
     from .plan import LOCK_NAME, lock_plan
 
-    rec = lock_plan(args.plan, args.run, force=args.force)
+    rec = lock_plan(args.plan, args.run, force=args.force, allow_weak=args.allow_weak, recipe=args.recipe)
     print(f"locked {args.plan} (sha256 {rec['plan_sha256'][:12]}) at {rec['locked_utc']}: "
           f"{len(rec['files'])} result file(s) recorded in {args.run}/{LOCK_NAME}")
+    for w in rec.get("warnings", []):
+        print(f"warning: {w}", file=sys.stderr)
+    if rec.get("shortlist_files_at_lock"):
+        print(f"warning: {rec['shortlist_files_at_lock'][0]} already exists: lock before the shortlist; a selection "
+              "from this run will be POST-HOC.", file=sys.stderr)
     if rec["outcome_files_at_lock"]:
         print(f"warning: {len(rec['outcome_files_at_lock'])} pilot/transfer result file(s) already exist "
               f"(e.g. {rec['outcome_files_at_lock'][0]}): a selection from this run will be POST-HOC.", file=sys.stderr)
@@ -45,8 +50,9 @@ def _cmd_select(args: argparse.Namespace) -> int:
         print(f"recommended: {r.recommended} ({r.top} - {r.runner_up} = {_fmt(r.diff)}, interval "
               f"{_fmt(r.diff_ci[0])} to {_fmt(r.diff_ci[1])}, P(top beats runner-up) {_fmt(r.p_top_beats_runner_up)})")
     elif r.verdict == "no_clear_winner":
-        print(f"no clear winner: {r.top} vs {r.runner_up} difference {_fmt(r.diff)}, interval {_fmt(r.diff_ci[0])} to "
-              f"{_fmt(r.diff_ci[1])} overlaps the tie margin; P(top beats runner-up) {_fmt(r.p_top_beats_runner_up)}")
+        ci = r.diff_ci or (None, None)
+        print(f"no clear winner ({r.reason}): {r.top} vs {r.runner_up} difference {_fmt(r.diff)}, interval "
+              f"{_fmt(ci[0])} to {_fmt(ci[1])}; P(top beats runner-up) {_fmt(r.p_top_beats_runner_up)}")
     else:
         print(f"{r.verdict.replace('_', ' ')}: recommended {r.recommended or 'none'}")
     if len(res.proxies):
@@ -93,16 +99,22 @@ def add_parsers(sub) -> None:
     pls = pl.add_subparsers(dest="plan_command", required=True, metavar="ACTION")
     lk = pls.add_parser("lock", help="write RUN_DIR/plan.lock.json",
                         description="Write RUN_DIR/plan.lock.json: the plan's sha256, a copy of its text, the time "
-                                    "and every result file in RUN_DIR with its sha256. Lock after the shortlist and "
-                                    "before the pilot; `probeselect select` refuses to run without a lock.")
+                                    "and every result file in RUN_DIR with its sha256. Lock after scoring and BEFORE the "
+                                    "shortlist; every name in the plan is checked against the run (and --recipe). "
+                                    "`probeselect select` refuses to run without a lock.")
     lk.add_argument("plan", metavar="PLAN", help="selection plan YAML, e.g. recipes/selection.yaml")
-    lk.add_argument("--run", required=True, metavar="RUN_DIR", help="the scored run folder (with shortlist.csv)")
+    lk.add_argument("--run", required=True, metavar="RUN_DIR", help="the scored run folder (with summary.csv)")
     lk.add_argument("--force", action="store_true", help="replace an existing lock (the old record is kept)")
+    lk.add_argument("--recipe", default=None, metavar="RECIPE",
+                    help="pilot recipe: check the plan's transfer metrics against its transfer suite and its seeds "
+                         "against selection.min_sft_seeds")
+    lk.add_argument("--allow-weak", action="store_true",
+                    help="lock although no proxy can beat the best-of-M null at 95%% with this shortlist size k")
     pl.set_defaults(func=_cmd_plan)
 
     s = sub.add_parser("select", help="select a base by held-out transfer under the locked plan",
                        description="Rank the piloted bases by the plan's primary transfer metric (seed mean) subject "
-                                   "to its constraints, with a paired bootstrap over items and seeds, validate the "
+                                   "to its constraints, with seed-level paired t intervals, validate the "
                                    "proxies against a selection-effect null, and write selection.json/selection.csv.")
     s.add_argument("run_dir", metavar="RUN_DIR", help="scored run folder with plan.lock.json, shortlist.csv and pilot/")
     s.add_argument("--plan", default=None, help="plan file (default: the path recorded in the lock)")
@@ -126,7 +138,7 @@ def add_parsers(sub) -> None:
 
     r = sub.add_parser("run", help="run the whole pipeline from one YAML config (resumable)",
                        description="ladder -> score -> average (optional: `average: {window: K}`) -> dynamics -> "
-                                   "shortlist -> plan lock -> pilot (+ transfer) -> select -> confirm -> report. "
+                                   "plan lock -> shortlist -> pilot (+ transfer) -> select -> confirm -> report. "
                                    "A stage whose outputs are complete and whose inputs "
                                    "are unchanged (OUT/run_state.json) is skipped. Example: recipes/demo.yaml.")
     r.add_argument("config", metavar="CONFIG", help="pipeline config YAML, e.g. recipes/demo.yaml")

@@ -47,12 +47,13 @@ from .shortlist import Plan, plan_from_dict
 
 __all__ = ["TransferConstraint", "SelectionSpec", "SelectionPlan", "LockStatus", "load_selection_plan",
            "selection_spec_from_dict", "lock_plan", "read_lock", "check_lock", "LOCK_NAME", "TRANSFER_METRICS",
-           "is_outcome_file"]
+           "is_outcome_file", "validate_plan_against_run", "proxy_null_strength"]
 
 LOCK_NAME = "plan.lock.json"
+SHORTLIST_FILES = ("shortlist.csv", "shortlist.json")
 # Transfer metrics of probeselect.transfer and their direction (contract; other metric names need `direction`).
 TRANSFER_METRICS = {m: direction_word(m) for m in TRANSFER_METRIC_NAMES}
-_SELECTION_KEYS = ("primary", "constraints", "decision", "uncertainty", "selection_effect")
+_SELECTION_KEYS = ("primary", "constraints", "decision", "uncertainty", "selection_effect", "min_sft_seeds")
 _SKIP_DIRS = {"cache"}  # the scoring cache: derived parts, not results
 
 
@@ -87,13 +88,15 @@ class SelectionSpec:
     seed: int = 0
     level: float = 0.95
     random_proxies: int | None = None
+    min_sft_seeds: int = 3
 
     def to_dict(self) -> dict[str, Any]:
         return {"primary": {"metric": self.primary, "direction": self.direction},
                 "constraints": [{"metric": c.metric, "min": c.min, "max": c.max} for c in self.constraints],
                 "decision": {"rule": "interval_above_margin", "tie_margin": self.tie_margin},
                 "uncertainty": {"bootstrap": self.bootstrap, "seed": self.seed, "level": self.level},
-                "selection_effect": {"random_proxies": self.random_proxies}}
+                "selection_effect": {"random_proxies": self.random_proxies},
+                "min_sft_seeds": self.min_sft_seeds}
 
 
 @dataclass(frozen=True)
@@ -187,8 +190,9 @@ def selection_spec_from_dict(raw: Any, *, source: str = "<plan>") -> SelectionSp
     _only(src, "selection.selection_effect: ", null, ("random_proxies",))
     m = null.get("random_proxies")
     m = None if m is None else _num(src, "selection.selection_effect.random_proxies", m, minimum=1, integer=True)
+    min_seeds = _num(src, "selection.min_sft_seeds", raw.get("min_sft_seeds", 3), minimum=2, integer=True)
     return SelectionSpec(primary=metric, direction=direction, constraints=tuple(cons), tie_margin=tie,
-                         bootstrap=boot, seed=seed, level=level, random_proxies=m)
+                         bootstrap=boot, seed=seed, level=level, random_proxies=m, min_sft_seeds=min_seeds)
 
 
 def load_selection_plan(path: str | Path) -> SelectionPlan:
@@ -201,6 +205,75 @@ def load_selection_plan(path: str | Path) -> SelectionPlan:
     data = path.read_bytes()
     return SelectionPlan(shortlist=sl, selection=sel, path=path, sha256=sha256_bytes(data),
                          text=data.decode("utf-8"), declared=sel_raw is not None)
+
+
+# ---------------------------------------------------------------------------
+# Validation against what the run can produce (at lock)
+# ---------------------------------------------------------------------------
+
+
+def validate_plan_against_run(plan: SelectionPlan, run_dir: Path, *, recipe: Any = None) -> list[str]:
+    """Check every name in ``plan`` against what the run can produce; return warnings.
+
+    Shortlist part (proxies, capability floors, candidates): families, variants and metrics
+    must be in the score run's ``summary.csv``. Selection part (primary and constraint
+    metrics): they must be transfer metrics (:data:`probeselect.transfer.METRIC_NAMES`) and,
+    when the pilot ``recipe`` (a :class:`probeselect.sft.recipe.Recipe`) is given, produced by
+    a part of its transfer suite (:data:`probeselect.transfer.METRICS_BY_PART`). Raises
+    :class:`ProbeSpecError` naming the plan file, the bad name and the closest valid one.
+    """
+    import pandas as pd
+
+    from .shortlist import _check_against_run, _resolve_candidates
+    from .transfer import METRIC_NAMES, METRICS_BY_PART
+
+    src = str(plan.path)
+    summary_path = run_dir / "summary.csv"
+    if not summary_path.is_file():
+        raise SelectionError(f"{summary_path}: no summary; score the run before locking the plan "
+                             f"(`probeselect score ... --out {run_dir}`).")
+    summary = pd.read_csv(summary_path)
+    _check_against_run(plan.shortlist, summary, src)
+    from .dynamics import checkpoint_order
+
+    order = checkpoint_order(summary)
+    steps = summary.drop_duplicates("checkpoint").set_index("checkpoint")["step"].to_dict()
+    _resolve_candidates(plan.shortlist, order, steps, src)
+    produced = list(METRIC_NAMES)
+    why = "a transfer metric"
+    if recipe is not None:
+        parts = [k for k in METRICS_BY_PART if (recipe.transfer or {}).get(k)]
+        produced = [m for k in parts for m in METRICS_BY_PART[k]]
+        why = f"produced by the transfer suite of {recipe.source} (parts: {', '.join(parts) or 'none'})"
+    sel = plan.selection
+    named = [("selection.primary.metric", sel.primary)] + [
+        (f"selection.constraints[{i}].metric", c.metric) for i, c in enumerate(sel.constraints)]
+    for where, metric in named:
+        if metric not in produced:
+            raise ProbeSpecError(f"{src}: {where} {metric!r} is not {why}.{did_you_mean(metric, produced)} "
+                                 f"Valid: {produced}. Fix the plan and lock again.")
+    warnings = []
+    if recipe is not None and len(recipe.seeds) < sel.min_sft_seeds:
+        warnings.append(f"the pilot recipe {recipe.source} trains {len(recipe.seeds)} SFT seed(s) but the plan asks "
+                        f"for selection.min_sft_seeds = {sel.min_sft_seeds}: the selection will name no clear winner. "
+                        "Add seeds to the recipe (e.g. seeds=[0,1,2]).")
+    return warnings
+
+
+def proxy_null_strength(plan: SelectionPlan) -> dict[str, Any]:
+    """Can the best-of-M proxy null be beaten at 95% with the plan's shortlist size?
+
+    Candidates = the declared proxies (or ``selection_effect.random_proxies``) + the
+    aggregate. ``min_p``: the best-of-M p-value of a perfect proxy over k bases;
+    ``smallest_k``: the smallest k with ``min_p`` < 0.05.
+    """
+    from .select import min_p_best_of_m, smallest_beatable_k
+
+    k = plan.shortlist.k
+    m = (plan.selection.random_proxies or len(plan.shortlist.proxies)) + 1
+    p = min_p_best_of_m(k, m)
+    return {"k": k, "candidates": m, "min_p": p, "alpha": 0.05, "beatable": p < 0.05,
+            "smallest_k": smallest_beatable_k(m)}
 
 
 # ---------------------------------------------------------------------------
@@ -261,17 +334,39 @@ def read_lock(run_dir: str | Path) -> dict[str, Any]:
         raise SelectionError(f"{p}: not valid JSON ({exc}); the lock is damaged. Restore it from version control.") from None
 
 
-def lock_plan(plan_path: str | Path, run_dir: str | Path, *, force: bool = False) -> dict[str, Any]:
+def lock_plan(plan_path: str | Path, run_dir: str | Path, *, force: bool = False, allow_weak: bool = False,
+              recipe: str | Path | None = None, recipe_overrides=()) -> dict[str, Any]:
     """Write ``run_dir/plan.lock.json`` for the plan at ``plan_path`` and return the record.
 
-    Validates the plan first. Refuses when a lock exists unless ``force`` (the old record
-    is kept under ``previous_locks``). The record names the outcome files that already
-    existed (``outcome_files_at_lock``); a non-empty list makes every later selection post-hoc.
+    Lock after scoring and BEFORE the shortlist. Validates the plan first: its syntax, every
+    name in it against the run (:func:`validate_plan_against_run`; the pilot ``recipe``
+    with ``recipe_overrides`` when given), and the strength of the proxy null
+    (:func:`proxy_null_strength`): a shortlist size whose null no proxy can beat at 95% is
+    refused unless ``allow_weak``. Refuses when a lock exists unless ``force`` (the old
+    record is kept under ``previous_locks``). The record names the outcome files that already
+    existed (``outcome_files_at_lock``) and the shortlist files (``shortlist_files_at_lock``);
+    either makes every later selection post-hoc. ``warnings`` lists what the CLI prints.
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise SelectionError(f"{run_dir}: run folder not found; score and shortlist first.")
+        raise SelectionError(f"{run_dir}: run folder not found; score first (`probeselect score ... --out {run_dir}`).")
     plan = load_selection_plan(plan_path)
+    rec_obj = None
+    if recipe is not None:
+        from .sft.recipe import load_recipe
+
+        rec_obj = load_recipe(recipe, list(recipe_overrides), check_files=False)
+    warnings = validate_plan_against_run(plan, run_dir, recipe=rec_obj)
+    strength = proxy_null_strength(plan)
+    if not strength["beatable"]:
+        msg = (f"{plan.path}: with k = {strength['k']} shortlisted bases and {strength['candidates']} candidates looked at "
+               f"({strength['candidates'] - 1} proxies + the aggregate), even a perfect proxy has best-of-M p >= "
+               f"{strength['min_p']:.2g} > 0.05: proxy validation cannot succeed. "
+               + (f"The smallest k that could beat the null is {strength['smallest_k']}; raise `k:`"
+                  if strength["smallest_k"] else "Raise `k:`") + " or declare fewer proxies")
+        if not allow_weak:
+            raise SelectionError(msg + ", or pass --allow-weak to lock anyway.")
+        warnings.append(msg + " (locked with --allow-weak).")
     lock_path = run_dir / LOCK_NAME
     previous = []
     if lock_path.is_file():
@@ -286,6 +381,7 @@ def lock_plan(plan_path: str | Path, run_dir: str | Path, *, force: bool = False
         previous = list(old.pop("previous_locks", [])) + [old]
     files = _list_files(run_dir)
     outcomes = [f["path"] for f in files if is_outcome_file(f["path"])]
+    shortlists = [f["path"] for f in files if f["path"] in SHORTLIST_FILES]
     record = {
         "kind": "plan_lock",
         "locked_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -297,6 +393,11 @@ def lock_plan(plan_path: str | Path, run_dir: str | Path, *, force: bool = False
         "git": git_state(),
         "files": files,
         "outcome_files_at_lock": outcomes,
+        "shortlist_files_at_lock": shortlists,
+        "proxy_null": strength | {"allowed_weak": bool(allow_weak and not strength["beatable"])},
+        "recipe": None if rec_obj is None else {"path": str(recipe), "overrides": list(recipe_overrides),
+                                                "seeds": list(rec_obj.seeds)},
+        "warnings": warnings,
         "previous_locks": previous,
     }
     atomic_write_json(lock_path, record)
@@ -320,6 +421,19 @@ def check_lock(run_dir: str | Path, plan_path: str | Path | None = None) -> Lock
     if out:
         shown = ", ".join(out[:5]) + (f" and {len(out) - 5} more" if len(out) > 5 else "")
         reasons.append(f"pilot/transfer results already existed when the plan was locked ({shown})")
+    pre = lock.get("shortlist_files_at_lock") or []
+    if pre:
+        reasons.append(f"the shortlist ({', '.join(pre)}) existed before the plan was locked, so its proxies, "
+                       "constraints and k could have been chosen after seeing it")
+    sl_json = run_dir / "shortlist.json"
+    if sl_json.is_file():
+        try:
+            sl_sha = json.loads(sl_json.read_text(encoding="utf-8")).get("plan_sha256")
+        except (json.JSONDecodeError, AttributeError):
+            sl_sha = None
+        if sl_sha != lock.get("plan_sha256"):
+            reasons.append(f"{sl_json} was computed with a plan other than the locked one (plan sha256 "
+                           f"{str(sl_sha)[:12]}, locked {str(lock.get('plan_sha256'))[:12]})")
     if not lock.get("selection_declared", True):
         reasons.append("the locked plan had no `selection:` block, so the primary metric and decision rule were "
                        "not declared (defaults used)")

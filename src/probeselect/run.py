@@ -7,8 +7,11 @@ Stages, in order (``OUT`` = the config's ``out``; ``RUN`` = ``OUT/score``)::
     average    optional (``average: {window: K}``): average K consecutive checkpoints into
                OUT/ladder-avgK and score them -> RUN/averaged/ (compared in the report)
     dynamics   RUN/dynamics/
+    lock       RUN/plan.lock.json (only if absent: a lock is never moved past results); the
+               WHOLE plan (proxies, constraints, k and the selection block) is locked before
+               the shortlist, after every name in it is checked against the run and the pilot
+               recipe; ``select: {allow_weak: true}`` locks a k whose proxy null is unbeatable
     shortlist  RUN/shortlist.csv, shortlist.json (the plan's shortlist part)
-    lock       RUN/plan.lock.json (only if absent: a lock is never moved past results)
     pilot      matched pilot SFT + transfer of the shortlist -> RUN/pilot/
     select     RUN/selection.json, selection.csv
     confirm    top N retrained with the confirmation recipe -> RUN/confirm/, RUN/confirm.json
@@ -41,7 +44,7 @@ from .errors import ProbeselectError, did_you_mean
 
 __all__ = ["RunConfigError", "StageResult", "RunResult", "load_run_config", "run_pipeline", "STAGES"]
 
-STAGES = ("ladder", "score", "average", "dynamics", "shortlist", "lock", "pilot", "select", "confirm", "report")
+STAGES = ("ladder", "score", "average", "dynamics", "lock", "shortlist", "pilot", "select", "confirm", "report")
 _TOP_KEYS = ("out", "ladder", "score", "average", "plan", "pilot", "select", "confirm", "report", "device")
 _SCORE_KEYS = ("probes", "seeds", "n_items", "heldout", "audit_items", "max_batch_tokens", "dtype")
 
@@ -127,6 +130,10 @@ def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str
         w = avg.get("window", 5)
         if isinstance(w, bool) or not isinstance(w, int) or w < 2:
             raise RunConfigError(f"{src}: average.window must be an integer >= 2; got {w!r}.")
+    sel = cfg.get("select")
+    if sel is not None and (not isinstance(sel, dict) or any(k not in ("allow_post_hoc", "allow_weak") for k in sel)):
+        raise RunConfigError(f"{src}: `select:` must be a mapping with allow_post_hoc / allow_weak (true|false); "
+                             f"got {sel!r}.")
     for k in ("pilot", "confirm"):
         v = cfg.get(k)
         if v is None:
@@ -281,8 +288,12 @@ def run_pipeline(config: str | Path, *, overrides: Sequence[str] = (), force: Se
     def do_lock() -> str:
         from .plan import lock_plan
 
-        rec = lock_plan(plan, run, force="lock" in forced)
-        return f"locked {plan} (sha256 {rec['plan_sha256'][:12]})"
+        rec = lock_plan(plan, run, force="lock" in forced, allow_weak=bool(sel_cfg.get("allow_weak", False)),
+                        recipe=pilot_cfg["recipe"], recipe_overrides=list(pilot_cfg.get("overrides") or []))
+        for w in rec.get("warnings", []):
+            log(f"[run] lock: warning: {w}")
+        return f"locked {plan} (sha256 {rec['plan_sha256'][:12]})" + (
+            f"; {len(rec['warnings'])} warning(s)" if rec.get("warnings") else "")
 
     def do_pilot() -> str:
         from .confirm import _load_pilot_fn
@@ -328,9 +339,9 @@ def run_pipeline(config: str | Path, *, overrides: Sequence[str] = (), force: Se
                enabled=avg_cfg is not None),
         _Stage("dynamics", lambda: _hash_files(files("summary.csv", "scores.parquet")),
                lambda: files("dynamics/dynamics.csv"), do_dynamics),
+        _Stage("lock", lambda: {}, lambda: files("plan.lock.json"), do_lock),
         _Stage("shortlist", lambda: {**_hash_files(files("summary.csv")), "plan": _hash_files([plan])},
                lambda: files("shortlist.csv", "shortlist.json"), do_shortlist),
-        _Stage("lock", lambda: {}, lambda: files("plan.lock.json"), do_lock),
         _Stage("pilot", lambda: {"shortlist": _hash_files(files("shortlist.csv")),
                                  "recipe": _hash_files([Path(pilot_cfg["recipe"])]),
                                  "overrides": pilot_cfg.get("overrides") or [], "device": device},
@@ -341,8 +352,9 @@ def run_pipeline(config: str | Path, *, overrides: Sequence[str] = (), force: Se
         _Stage("confirm", lambda: {"selection": _hash_files(files("selection.json")), "confirm": conf_cfg,
                                    "recipe": _hash_files([Path(conf_cfg["recipe"])]) if conf_cfg else None},
                lambda: files("confirm.json"), do_confirm, enabled=conf_cfg is not None),
-        _Stage("report", lambda: _hash_files(files("selection.json", "confirm.json", "shortlist.json", "summary.csv",
-                                                   "averaged/summary.csv")),
+        _Stage("report", lambda: _hash_files(files("selection.json", "selection.csv", "confirm.json", "shortlist.json",
+                                                   "shortlist.csv", "summary.csv", "averaged/summary.csv",
+                                                   "dynamics/dynamics.csv", "confirm/diagnostics.csv") + pilot_out),
                lambda: files("report.md", "report.html"), do_report),
     ]
 

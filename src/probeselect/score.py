@@ -689,6 +689,7 @@ def _score_run(ckpts, items, item_dicts, fams, specs, manifest, units, failed, *
     scored_now: set[str] = set()
     my_failed: dict[str, str] = {}
     n_cached = 0
+    computed_now: set[int] = set()  # unit indices this rank computed (not read from the cache)
     unit_index = {u: i for i, u in enumerate(units)}
     by_ckpt: dict[int, list[WorkUnit]] = {}
     for u in mine:
@@ -774,6 +775,7 @@ def _score_run(ckpts, items, item_dicts, fams, specs, manifest, units, failed, *
                 if cache is not None:
                     atomic_write_parquet(cache, part)
                 done[unit_index[u]] = part
+                computed_now.add(unit_index[u])
                 scored_now.add(ckpt.name)
         finally:
             del model
@@ -783,9 +785,14 @@ def _score_run(ckpts, items, item_dicts, fams, specs, manifest, units, failed, *
     outer.close()
 
     # Gather every rank's units (and failures) so all ranks hold the same tables.
-    gathered = dist.all_gather((done, my_failed, sorted(scored_now), n_cached))
+    # Each rank also reports which units it was assigned and which it computed now (manifest
+    # `units_by_rank`), so a test can see that the work was really sharded.
+    gathered = dist.all_gather((done, my_failed, sorted(scored_now), n_cached, sorted(unit_index[u] for u in mine),
+                                sorted(computed_now)))
     done, scored_list, n_cached = {}, [], 0
-    for d, f, sc, nc in gathered:
+    units_by_rank = []
+    for r, (d, f, sc, nc, assigned, comp) in enumerate(gathered):
+        units_by_rank.append({"rank": r, "assigned": assigned, "computed": comp})
         done.update(d)
         failed.update(f)
         scored_list.extend(sc)
@@ -835,6 +842,7 @@ def _score_run(ckpts, items, item_dicts, fams, specs, manifest, units, failed, *
     manifest["n_checkpoints_found"] = n_found
     manifest["units"] = {"total": len(units), "from_cache": n_cached, "scored_now": len(done) - n_cached}
     manifest["truncated_rows"] = n_truncated
+    manifest["units_by_rank"] = units_by_rank
     manifest["peak_rss_mib"] = _peak_rss_mib()
     superseded: list[str] = []
     if run_dir is not None and dist.is_main:

@@ -11,37 +11,52 @@ shortlist (``run_dir/shortlist.csv``), and writes ``selection.json`` and
 * **Constraints**: each ``selection.constraints`` metric, averaged over seeds, must be
   within its ``min`` / ``max``. Eligible = passes every constraint. Ranking: eligible
   bases by point value (best first), then the ineligible ones.
-* **Bootstrap** (``B`` replicates, ``numpy.random.default_rng(seed)``, both recorded):
-  each replicate resamples the SFT seeds with replacement and, independently, the
-  transfer items with replacement; the same resampled seeds and items are used for every
-  base (paired: every base is trained under the same seeds' data manifests and evaluated
-  on the same items). A base's replicate value is the mean over resampled seeds of the
-  mean over resampled items of its per-item values (``transfer_items.parquet``), shifted
-  by (point value - plug-in per-item mean), which is zero for item-mean metrics
-  (accuracy, log-prob, recovery, termination) and makes the token-weighted held-out
-  metrics' intervals centre on their point values (the resampling itself is per item,
-  not per token). Intervals are percentile intervals at ``level`` (default 95%).
-* **P(top beats runner-up)**: the fraction of replicates in which the top eligible base's
-  replicate value is better than the runner-up's (ties count half). ``p_best`` per base:
-  the fraction of replicates in which it is the best eligible base.
-* **Decision rule** (``interval_above_margin``): let d = top - runner-up in the better
-  direction and [lo, hi] its bootstrap interval. The top base is a **clear winner** when
-  lo > ``tie_margin``; otherwise the interval overlaps the tie band [-margin, margin] (or
-  lies below it) and the verdict is **no clear winner**. With margin 0 this is "the
-  interval excludes zero".
+* **Seed values**: a base's value under SFT seed s is that run's primary metric in
+  ``transfer.csv`` (the item mean of the seed's transfer items; token weighted for
+  ``heldout_loss`` / ``sft_heldout_bpb``), so item noise is inside each seed value. Only seeds
+  that every piloted base has are compared; n = their number.
+* **Per-base interval**: mean +- t_{1-a/2, n-1} * sd / sqrt(n) over the n seed values
+  (``level`` = 1 - a, default 95%). With one seed there is none (NaN).
+* **Difference intervals** (seed-level paired t): for the top eligible base and every other
+  eligible base j, d_s = value_top(s) - value_j(s) in the better direction, and the interval
+  is mean(d) +- t_{1 - a/(2(k-1)), n-1} * sd(d) / sqrt(n), Bonferroni over the k - 1
+  comparisons of the top with the other k eligible bases. Pairing cancels the seed effect
+  shared by every base trained under a seed; what is left (base x seed interaction and item
+  noise) is what the t quantile with n - 1 degrees of freedom is for, so the interval widens
+  honestly with 2-3 seeds instead of never leaving the observed seeds, as a seed bootstrap
+  does. ``diff_ci`` is the top - runner-up interval; ``diff_vs_top*`` columns hold the others.
+  Simulated coverage and false-winner rates for 2, 3 and 5 seeds: bench/README.md
+  (``bench/selection_coverage.py``) and ``tests/test_select.py``.
+* **P(top beats runner-up)**: the t probability P(T_{n-1} < mean(d) / (sd(d)/sqrt(n))) (the
+  interval excludes 0 at 95% exactly when it is above 0.975, for k = 2). ``p_best`` per base:
+  the share of ``uncertainty.bootstrap`` draws (numpy ``default_rng(seed)``) from the
+  multivariate t posterior of the seed means (flat prior; seed covariance across bases) in
+  which it is the best eligible base; its top-vs-runner-up margins follow the same t
+  distribution, so p_best agrees with the intervals.
+* **Decision rule** (``interval_above_margin``): the top base is a **clear winner** when
+  n >= ``selection.min_sft_seeds`` (default 3) and every difference interval (top - j) lies
+  above ``tie_margin``; otherwise the verdict is **no clear winner** and ``reason`` says why
+  (one seed: no interval; fewer seeds than the plan's minimum; an interval overlaps the tie
+  band [-margin, margin] or lies below it). ``selection.json`` records ``n_sft_seeds`` and
+  ``min_sft_seeds``. With margin 0 the rule is "every interval excludes zero".
 * **Proxy validation**: for each predeclared shortlist proxy (``score[<proxy>]`` of
   ``shortlist.csv``: the oriented quantity the shortlist ranks, higher = better; see
   :mod:`probeselect.shortlist`) and for the shortlist aggregate, the
   Spearman and Kendall (tau-b) correlations with the transfer point values over the
   piloted bases (positive = the proxy ranks bases the way transfer does).
-* **Selection-effect null**: a random proxy ranks the n bases by a uniformly random
-  permutation. The null is the distribution of the *best* correlation among M random
-  proxies (M = the number of declared proxies, or ``selection.selection_effect.random_proxies``).
-  For n <= 8 the single-proxy distribution is exact (every permutation) and the best-of-M
-  CDF is F(x)^M; for larger n it is estimated from 20,000 random permutations. Reported:
-  its median, 90% and 95% quantiles, and for each proxy ``p_best_of_m`` = P(best of M
-  random >= observed) next to ``p_single`` = P(one random >= observed). A proxy picked
-  after seeing results must beat the best-of-M null; a predeclared one only the single.
+* **Selection-effect null**: every candidate looked at counts: the M declared proxies AND
+  the shortlist aggregate (M + 1 candidates; ``selection.selection_effect.random_proxies``
+  R replaces the declared proxies by R untied random ones). Each candidate is replaced by a
+  random proxy with the same tie structure: its observed values over the piloted bases in a
+  uniformly random order. For n <= 8 bases each random proxy's correlation distribution is
+  exact (every permutation); for larger n it is estimated from 20,000 random permutations.
+  The best of the candidates has CDF prod_c F_c(x). Reported: its median, 90% and 95%
+  quantiles, and per proxy ``p_best_of_m`` = P(best of the M + 1 random >= observed) next to
+  ``p_single`` = P(its own random counterpart >= observed). A proxy picked after seeing
+  results must beat the best-of-M null; a predeclared one only the single. A perfect proxy
+  reaches at best p = 1 - (1 - 1/n!)^(M+1) (:func:`min_p_best_of_m`): with 3 bases and 5
+  candidates 0.60, so the null cannot be beaten; ``plan lock`` refuses such a shortlist size
+  without ``--allow-weak`` and names the smallest k that could (:func:`smallest_beatable_k`).
   With n = 2 every correlation is +-1 and with n = 3 Spearman takes only 4 values: the
   output says so.
 """
@@ -63,8 +78,9 @@ from .manifest import base_manifest
 from .metrics import oriented
 from .plan import LOCK_NAME, SelectionPlan, SelectionSpec, check_lock, load_selection_plan
 
-__all__ = ["PilotTables", "Ranking", "SelectionResult", "NullDistribution", "load_pilot_tables", "rank_bases",
-           "proxy_validation", "best_of_m_null", "select"]
+__all__ = ["PilotTables", "Ranking", "SelectionResult", "NullDistribution", "TopComparison", "load_pilot_tables",
+           "rank_bases", "compare_top", "base_intervals", "posterior_draws", "proxy_validation", "best_of_m_null",
+           "min_p_best_of_m", "smallest_beatable_k", "select"]
 
 _EXACT_MAX_N = 8
 _MC_PERMUTATIONS = 20_000
@@ -107,7 +123,7 @@ def load_pilot_tables(out_dir: str | Path) -> PilotTables:
 
 
 # ---------------------------------------------------------------------------
-# Ranking with a paired bootstrap
+# Ranking with seed-level paired t intervals
 # ---------------------------------------------------------------------------
 
 
@@ -124,15 +140,125 @@ class Ranking:
     diff_ci: tuple[float, float] | None
     p_top_beats_runner_up: float | None
     seeds: list[int]
-    n_items: int
+    n_items: int | None
     notes: list[str] = field(default_factory=list)
+    n_comparisons: int = 0          # k - 1 eligible comparisons of the top (Bonferroni)
+    t_critical: float | None = None  # the t quantile behind the difference intervals
+    reason: str | None = None        # why there is no clear winner, when there is none
+    min_sft_seeds: int = 3
 
     def summary(self, spec: SelectionSpec) -> dict[str, Any]:
         return {"verdict": self.verdict, "recommended": self.recommended, "top": self.top,
                 "runner_up": self.runner_up, "diff": self.diff,
                 "diff_ci": list(self.diff_ci) if self.diff_ci else None,
                 "p_top_beats_runner_up": self.p_top_beats_runner_up, "tie_margin": spec.tie_margin,
-                "seeds": self.seeds, "n_items": self.n_items}
+                "seeds": self.seeds, "n_items": self.n_items, "n_sft_seeds": len(self.seeds),
+                "min_sft_seeds": self.min_sft_seeds, "reason": self.reason, "n_comparisons": self.n_comparisons,
+                "t_critical": self.t_critical, "interval": "seed-level paired t, Bonferroni over the comparisons"}
+
+
+@dataclass
+class TopComparison:
+    """:func:`compare_top` on oriented seed values (higher = better), vectorised over leading axes.
+
+    ``order``: base indices best first (stable on ties). ``diff[..., j]``: mean over seeds of
+    (top - base j) (0 for the top), ``half[..., j]`` the half-width of its interval
+    (Student t with n - 1 degrees of freedom at the Bonferroni level over the k - 1
+    comparisons; NaN with one seed), ``sd[..., j]`` the seed sd of the paired differences.
+    """
+
+    order: np.ndarray
+    diff: np.ndarray
+    half: np.ndarray
+    sd: np.ndarray
+    n_seeds: int
+    crit: float
+
+    @property
+    def lo(self) -> np.ndarray:
+        return self.diff - self.half
+
+    @property
+    def hi(self) -> np.ndarray:
+        return self.diff + self.half
+
+    @property
+    def top(self) -> np.ndarray:
+        return self.order[..., 0]
+
+    @property
+    def runner_up(self) -> np.ndarray:
+        return self.order[..., 1]
+
+    def _at(self, a: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        return np.take_along_axis(a, idx[..., None], axis=-1)[..., 0]
+
+    def runner_up_diff(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(difference, lower, upper) of top - runner-up."""
+        ru = self.runner_up
+        return self._at(self.diff, ru), self._at(self.lo, ru), self._at(self.hi, ru)
+
+    def winner(self, tie_margin: float) -> np.ndarray:
+        """The top is a clear winner: every interval of top - other lies above ``tie_margin``."""
+        lo = self.lo.copy()
+        np.put_along_axis(lo, self.top[..., None], np.inf, axis=-1)
+        return np.nanmin(np.where(np.isnan(lo), -np.inf, lo), axis=-1) > tie_margin
+
+
+def compare_top(oriented: np.ndarray, level: float = 0.95) -> TopComparison:
+    """Seed-level paired comparison of the best base with every other (module docstring).
+
+    ``oriented``: array (..., k, n) of per-seed values, higher = better (multiply a
+    lower-is-better metric by -1 first), k >= 2 bases, n seeds.
+    """
+    from scipy.stats import t as student_t
+
+    v = np.asarray(oriented, float)
+    k, n = v.shape[-2], v.shape[-1]
+    if k < 2:
+        raise ValueError("compare_top needs at least two bases")
+    order = np.argsort(-v.mean(axis=-1), axis=-1, kind="stable")
+    top = np.take_along_axis(v, order[..., :1, None], axis=-2)            # (..., 1, n)
+    d = top - v                                                             # (..., k, n)
+    diff = d.mean(axis=-1)
+    if n >= 2:
+        sd = d.std(axis=-1, ddof=1)
+        crit = float(student_t.ppf(1 - (1 - level) / (2 * (k - 1)), n - 1))
+        half = crit * sd / math.sqrt(n)
+    else:
+        sd = np.full(diff.shape, np.nan)
+        crit = float("nan")
+        half = np.full(diff.shape, np.nan)
+    return TopComparison(order=order, diff=diff, half=half, sd=sd, n_seeds=n, crit=crit)
+
+
+def base_intervals(values: np.ndarray, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+    """Per-base t intervals over seeds: mean +- t_{1-a/2, n-1} sd / sqrt(n); NaN with one seed."""
+    from scipy.stats import t as student_t
+
+    v = np.asarray(values, float)
+    n = v.shape[-1]
+    m = v.mean(axis=-1)
+    if n < 2:
+        return np.full(m.shape, np.nan), np.full(m.shape, np.nan)
+    half = student_t.ppf(1 - (1 - level) / 2, n - 1) * v.std(axis=-1, ddof=1) / math.sqrt(n)
+    return m - half, m + half
+
+
+def posterior_draws(oriented: np.ndarray, draws: int, rng: np.random.Generator) -> np.ndarray:
+    """Draws (draws, k) of the k base means from the multivariate t posterior of the seed
+    means (flat prior, unknown covariance): mean + S^(1/2) z / sqrt(n) / sqrt(chi2_{n-1} / (n - 1)),
+    with S the seed covariance across bases. Their top-vs-runner-up margins follow exactly
+    the t distribution of :func:`compare_top` (so P(best) agrees with the intervals)."""
+    v = np.asarray(oriented, float)
+    k, n = v.shape
+    m = v.mean(axis=1)
+    if n < 2:
+        return np.full((draws, k), np.nan)
+    dev = v - m[:, None]                                                    # (k, n)
+    z = rng.standard_normal((draws, n))
+    w = np.sqrt(rng.chisquare(n - 1, size=draws) / (n - 1))
+    return m[None, :] + (z @ dev.T) / math.sqrt(n * (n - 1)) / w[:, None]
 
 
 def _seed_means(transfer: pd.DataFrame, metric: str, bases: list[str], seeds: list[int], src: str) -> pd.Series:
@@ -143,33 +269,18 @@ def _seed_means(transfer: pd.DataFrame, metric: str, bases: list[str], seeds: li
     return rows.groupby("base")["value"].mean().reindex(bases)
 
 
-def _item_cube(items: pd.DataFrame, metric: str, bases: list[str], seeds: list[int], src: str,
-               notes: list[str]) -> tuple[np.ndarray, list[Any]]:
-    """(bases, seeds, items) per-item values over the items every (base, seed) has."""
-    rows = items[(items["metric"] == metric) & items["seed"].isin(seeds) & items["base"].isin(bases)]
-    if rows.empty:
-        raise SelectionError(f"{src}: no per-item rows for metric {metric!r}; the bootstrap needs them. "
-                             "Re-run the pilot's transfer evaluation.")
-    rows = rows.groupby(["base", "seed", "item_id"], sort=False)["value"].mean()
-    cells = {}
-    for (b, s), grp in rows.groupby(level=[0, 1]):
-        cells[(b, s)] = grp.droplevel([0, 1])
-    missing = [(b, s) for b in bases for s in seeds if (b, s) not in cells]
-    if missing:
-        raise SelectionError(f"{src}: no per-item {metric} rows for (base, seed) {missing[0]}; re-run that pilot run.")
-    common = None
-    for v in cells.values():
-        idx = v.dropna().index
-        common = idx if common is None else common.intersection(idx)
-    all_ids = set().union(*[set(v.index) for v in cells.values()])
-    if common is None or len(common) == 0:
-        raise SelectionError(f"{src}: the piloted runs share no {metric} items; they were not evaluated on one suite.")
-    if len(common) < len(all_ids):
-        notes.append(f"{len(all_ids) - len(common)} {metric} item(s) are missing for some (base, seed) and are left "
-                     f"out of the bootstrap ({len(common)} items used).")
-    ids = sorted(common, key=str)
-    cube = np.stack([np.stack([cells[(b, s)].reindex(ids).to_numpy(float) for s in seeds]) for b in bases])
-    return cube, ids
+def _n_items(tables: PilotTables, metric: str, bases: list[str], seeds: list[int]) -> int | None:
+    """Items behind each seed value: distinct per-item ids of ``metric`` (or transfer.csv ``n``)."""
+    if tables.items is not None:
+        rows = tables.items[(tables.items["metric"] == metric) & tables.items["seed"].isin(seeds)
+                            & tables.items["base"].isin(bases)]
+        if len(rows):
+            return int(rows["item_id"].nunique())
+    tr = tables.transfer
+    if "n" in tr.columns:
+        n = pd.to_numeric(tr.loc[tr["metric"] == metric, "n"], errors="coerce").max()
+        return int(n) if n == n else None
+    return None
 
 
 def rank_bases(tables: PilotTables, spec: SelectionSpec, *, bases: list[str] | None = None) -> Ranking:
@@ -190,16 +301,22 @@ def rank_bases(tables: PilotTables, spec: SelectionSpec, *, bases: list[str] | N
     if seeds != all_seeds:
         notes.append(f"seeds {sorted(set(all_seeds) - set(seeds))} are missing for some bases; only seeds {seeds}, "
                      "which every base has, are compared.")
-    if len(seeds) == 1:
-        notes.append("one SFT seed: the interval covers item sampling only, not seed-to-seed variation.")
+    n_s = len(seeds)
+    if n_s == 1:
+        notes.append("one SFT seed: seed-to-seed variation cannot be estimated, so there is no interval and no clear "
+                     "winner is possible. Pilot at least 2 seeds (the plan asks for "
+                     f"selection.min_sft_seeds = {spec.min_sft_seeds}).")
+    elif n_s < spec.min_sft_seeds:
+        notes.append(f"{n_s} SFT seeds < selection.min_sft_seeds = {spec.min_sft_seeds}: intervals are reported but no "
+                     "clear winner is declared. Pilot more seeds.")
     sign = 1.0 if spec.direction == "higher" else -1.0
     point = _seed_means(transfer, spec.primary, bases, seeds, src)
     per_seed = (prim[prim["seed"].isin(seeds)].pivot_table(index="base", columns="seed", values="value", aggfunc="mean")
-                .reindex(index=bases))
+                .reindex(index=bases, columns=seeds))
     table = pd.DataFrame({"base": bases, "primary_metric": spec.primary, "direction": spec.direction,
                           "value": point.to_numpy(float)})
     for s in seeds:
-        table[f"seed{s}"] = per_seed[s].to_numpy(float) if s in per_seed.columns else np.nan
+        table[f"seed{s}"] = per_seed[s].to_numpy(float)
     fails: dict[str, list[str]] = {b: [] for b in bases}
     for c in spec.constraints:
         vals = _seed_means(transfer, c.metric, bases, seeds, src)
@@ -212,37 +329,37 @@ def rank_bases(tables: PilotTables, spec: SelectionSpec, *, bases: list[str] | N
     table["eligible"] = [not fails[b] for b in bases]
     table["failed_constraints"] = ["; ".join(fails[b]) for b in bases]
 
-    # Bootstrap over items and seeds, paired across bases.
-    if tables.items is None:
-        raise SelectionError(f"{tables.out_dir / 'transfer_items.parquet'}: missing; the bootstrap needs per-item rows.")
-    cube, ids = _item_cube(tables.items, spec.primary, bases, seeds, str(tables.out_dir / "transfer_items.parquet"), notes)
-    rng = np.random.default_rng(spec.seed)
-    B, n_i, n_s = spec.bootstrap, len(ids), len(seeds)
-    w_items = rng.multinomial(n_i, np.full(n_i, 1.0 / n_i), size=B) / n_i       # (B, I)
-    w_seeds = rng.multinomial(n_s, np.full(n_s, 1.0 / n_s), size=B) / n_s       # (B, S)
-    per_seed_rep = np.einsum("bsi,ri->bsr", np.nan_to_num(cube), w_items)         # (bases, S, B)
-    reps = np.einsum("bsr,rs->rb", per_seed_rep, w_seeds)                         # (B, bases)
-    plug_in = cube.mean(axis=(1, 2))
-    reps = reps + (point.to_numpy(float) - plug_in)[None, :]
-    alpha = (1 - spec.level) / 2
-    table["ci_lo"] = np.quantile(reps, alpha, axis=0)
-    table["ci_hi"] = np.quantile(reps, 1 - alpha, axis=0)
+    values = per_seed.to_numpy(float)                                        # (bases, seeds)
+    lo, hi = base_intervals(values, spec.level)
+    table["ci_lo"], table["ci_hi"] = lo, hi
+    n_i = _n_items(tables, spec.primary, bases, seeds)
     table["n_items"] = n_i
-    if spec.primary in ("heldout_loss", "sft_heldout_bpb", "heldout_bpb"):
-        notes.append(f"{spec.primary} point values are token weighted; the bootstrap resamples items (per-item means) "
-                     "and shifts the interval to centre on the token-weighted value.")
+    table["n_seeds"] = n_s
 
     elig = [b for b in bases if not fails[b]]
     elig.sort(key=lambda b: -sign * point[b])
     rest = sorted([b for b in bases if fails[b]], key=lambda b: -sign * point[b] if point[b] == point[b] else math.inf)
     order = elig + rest
     col = {b: i for i, b in enumerate(bases)}
-    if elig:
-        e_idx = [col[b] for b in elig]
-        best = np.argmax(sign * reps[:, e_idx], axis=1)
-        p_best = {b: float(np.mean(best == k)) for k, b in enumerate(elig)}
-    else:
-        p_best = {}
+    table["diff_vs_top"] = np.nan
+    table["diff_vs_top_lo"] = np.nan
+    table["diff_vs_top_hi"] = np.nan
+    p_best: dict[str, float] = {}
+    cmp = None
+    if len(elig) >= 2:
+        ev = sign * values[[col[b] for b in elig]]
+        cmp = compare_top(ev, spec.level)
+        assert int(cmp.top) == 0  # elig is sorted by the same seed means (stable)
+        for j, b in enumerate(elig):
+            if j:
+                table.loc[col[b], ["diff_vs_top", "diff_vs_top_lo", "diff_vs_top_hi"]] = (
+                    float(cmp.diff[j]), float(cmp.lo[j]), float(cmp.hi[j]))
+        if n_s >= 2:
+            draws = posterior_draws(ev, spec.bootstrap, np.random.default_rng(spec.seed))
+            best = np.argmax(draws, axis=1)
+            p_best = {b: float(np.mean(best == j)) for j, b in enumerate(elig)}
+    elif len(elig) == 1:
+        p_best = {elig[0]: 1.0}
     table["p_best"] = [p_best.get(b, np.nan) for b in bases]
     table["position"] = [elig.index(b) + 1 if b in elig else np.nan for b in bases]
     table["transfer_rank"] = pd.Series(-sign * point.to_numpy(float)).rank(method="average").to_numpy()
@@ -251,6 +368,7 @@ def rank_bases(tables: PilotTables, spec: SelectionSpec, *, bases: list[str] | N
     top = elig[0] if elig else None
     ru = elig[1] if len(elig) > 1 else None
     diff = diff_ci = p_beat = None
+    reason = None
     if top is None:
         verdict, rec = "none_eligible", None
         notes.append("no piloted base passes the selection constraints.")
@@ -258,17 +376,33 @@ def rank_bases(tables: PilotTables, spec: SelectionSpec, *, bases: list[str] | N
         verdict, rec = "single_eligible", top
         notes.append(f"only {top} passes the selection constraints; it is recommended without a comparison.")
     else:
-        d = sign * (reps[:, col[top]] - reps[:, col[ru]])
+        from scipy.stats import t as student_t
+
         diff = float(sign * (point[top] - point[ru]))
-        diff_ci = (float(np.quantile(d, alpha)), float(np.quantile(d, 1 - alpha)))
-        p_beat = float(np.mean(d > 0) + 0.5 * np.mean(d == 0))
-        if diff_ci[0] > spec.tie_margin:
+        if n_s >= 2:
+            diff_ci = (float(cmp.lo[1]), float(cmp.hi[1]))
+            sd = float(cmp.sd[1])
+            se = sd / math.sqrt(n_s)
+            p_beat = (float(student_t.cdf(diff / se, n_s - 1)) if se > 0
+                      else 1.0 if diff > 0 else 0.5 if diff == 0 else 0.0)
+        above = bool(cmp.winner(spec.tie_margin)) if n_s >= 2 else False
+        if n_s < 2:
+            verdict, rec, reason = "no_clear_winner", None, "one SFT seed: no interval"
+        elif n_s < spec.min_sft_seeds:
+            verdict, rec = "no_clear_winner", None
+            reason = (f"{n_s} SFT seeds < min_sft_seeds {spec.min_sft_seeds}"
+                      + (f" (the intervals alone would name {top})" if above else ""))
+        elif above:
             verdict, rec = "winner", top
         else:
             verdict, rec = "no_clear_winner", None
+            reason = "an interval of top - other overlaps the tie margin"
     table["recommended"] = table["base"].eq(rec) if rec else False
     return Ranking(table=table, verdict=verdict, recommended=rec, top=top, runner_up=ru, diff=diff, diff_ci=diff_ci,
-                   p_top_beats_runner_up=p_beat, seeds=seeds, n_items=n_i, notes=notes)
+                   p_top_beats_runner_up=p_beat, seeds=seeds, n_items=n_i, notes=notes,
+                   n_comparisons=len(elig) - 1 if len(elig) > 1 else 0,
+                   t_critical=None if cmp is None or cmp.crit != cmp.crit else cmp.crit, reason=reason,
+                   min_sft_seeds=spec.min_sft_seeds)
 
 
 # ---------------------------------------------------------------------------
@@ -282,85 +416,144 @@ def _rank_avg(x: np.ndarray) -> np.ndarray:
     return rankdata(x, method="average")
 
 
-def _spearman_perm(perms: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Spearman of each permutation row (distinct ranks) with ``t`` (ties averaged)."""
+def _spearman_perm(perms: np.ndarray, x: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Spearman (ties averaged on both sides) of ``x`` permuted by each row of ``perms`` with ``t``."""
     rt = _rank_avg(t)
     rt = rt - rt.mean()
-    rp = perms - perms.mean(axis=1, keepdims=True)
-    den = np.sqrt((rp ** 2).sum(axis=1) * (rt ** 2).sum())
-    return (rp @ rt) / den if den.all() else np.full(len(perms), np.nan)
+    rx = _rank_avg(x)[perms]
+    rx = rx - rx.mean(axis=1, keepdims=True)
+    den = math.sqrt((rx[0] ** 2).sum() * (rt ** 2).sum())
+    return (rx @ rt) / den if den > 0 else np.full(len(perms), np.nan)
 
 
-def _kendall_perm(perms: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Kendall tau-b of each permutation row (no ties) with ``t``."""
+def _kendall_perm(perms: np.ndarray, x: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Kendall tau-b (ties on both sides) of ``x`` permuted by each row of ``perms`` with ``t``."""
     n = len(t)
     i, j = np.triu_indices(n, 1)
     st = np.sign(t[i] - t[j])
+    xp = x[perms]
+    sx = np.sign(xp[:, i] - xp[:, j])
     n0 = len(i)
-    n_tied_t = int((st == 0).sum())
-    den = math.sqrt(n0 * (n0 - n_tied_t))
-    if den == 0:
-        return np.full(len(perms), np.nan)
-    return (np.sign(perms[:, i] - perms[:, j]) @ st) / den
+    tied_x = n0 - int(np.count_nonzero(np.sign(x[i] - x[j])))  # a permutation keeps the number of tied pairs
+    den = math.sqrt((n0 - tied_x) * (n0 - int((st == 0).sum())))
+    return (sx @ st) / den if den > 0 else np.full(len(perms), np.nan)
 
 
 @dataclass
 class NullDistribution:
-    """Best-of-M random-proxy correlations: values with probabilities, per statistic."""
+    """Best-of-M random-proxy correlations. Candidate c (a declared proxy or the aggregate) is
+    replaced by a random proxy with its own tie structure: its observed values in a uniformly
+    random order. ``support[stat][c]`` / ``prob[stat][c]``: the distinct values of that random
+    proxy's correlation with transfer and their probabilities. The best of the M candidates
+    has CDF prod_c F_c(x)."""
 
     n: int
-    m: int
+    m: int                                   # candidates looked at (declared proxies + the aggregate)
     method: str                              # exact | monte_carlo
-    support: dict[str, np.ndarray]           # statistic -> sorted distinct single-proxy values
-    prob: dict[str, np.ndarray]              # statistic -> P(single = value)
+    support: dict[str, list[np.ndarray]]
+    prob: dict[str, list[np.ndarray]]
+    tied: list[bool] = field(default_factory=list)   # per candidate: whether its values have ties
 
-    def _cdf_lt(self, stat: str, x: float) -> float:
-        v, p = self.support[stat], self.prob[stat]
-        return float(p[v < x - 1e-9].sum())
+    def _cdf_lt(self, stat: str, x: float, c: int) -> float:
+        v, p = self.support[stat][c], self.prob[stat][c]
+        return float(p[v < x - 1e-9].sum()) if len(v) else 1.0
 
-    def p_single(self, stat: str, x: float) -> float:
-        """P(one random proxy's correlation >= x)."""
-        return float("nan") if x != x else 1.0 - self._cdf_lt(stat, x)
+    def p_single(self, stat: str, x: float, c: int = 0) -> float:
+        """P(one random proxy with candidate ``c``'s ties has correlation >= x)."""
+        return float("nan") if x != x else 1.0 - self._cdf_lt(stat, x, c)
 
     def p_best_of_m(self, stat: str, x: float) -> float:
-        """P(the best of M random proxies' correlations >= x)."""
-        return float("nan") if x != x else 1.0 - self._cdf_lt(stat, x) ** self.m
+        """P(the best of the M random candidates has correlation >= x)."""
+        if x != x:
+            return float("nan")
+        return 1.0 - float(np.prod([self._cdf_lt(stat, x, c) for c in range(self.m)]))
+
+    def _best_cdf(self, stat: str) -> tuple[np.ndarray, np.ndarray]:
+        sup = [v for v in self.support[stat] if len(v)]
+        if not sup:
+            return np.array([]), np.array([])
+        xs = np.unique(np.concatenate(sup))
+        cdf = np.ones(len(xs))
+        for v, p in zip(self.support[stat], self.prob[stat]):
+            if len(v):
+                cdf *= np.array([p[v <= x + 1e-9].sum() for x in xs])
+        return xs, cdf
 
     def quantile(self, stat: str, q: float) -> float:
-        """The q-quantile of the best-of-M correlation (smallest x with F(x)^M >= q)."""
-        v, p = self.support[stat], self.prob[stat]
-        if not len(v):
+        """The q-quantile of the best-of-M correlation (smallest x with prod_c F_c(x) >= q)."""
+        xs, cdf = self._best_cdf(stat)
+        if not len(xs):
             return float("nan")
-        cdf = np.cumsum(p) ** self.m
-        return float(v[min(np.searchsorted(cdf, q - 1e-12), len(v) - 1)])
+        return float(xs[min(np.searchsorted(cdf, q - 1e-12), len(xs) - 1)])
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"n_bases": self.n, "m_random_proxies": self.m, "method": self.method}
+        out: dict[str, Any] = {"n_bases": self.n, "m_random_proxies": self.m, "candidates": self.m,
+                               "counted": "declared proxies + the shortlist aggregate", "method": self.method,
+                               "ties": "each random proxy keeps its candidate's tie structure",
+                               "candidates_with_ties": int(sum(self.tied))}
         for s in self.support:
+            xs, cdf = self._best_cdf(s)
             out[s] = {f"q{int(q * 100)}": self.quantile(s, q) for q in (0.5, 0.9, 0.95)}
-            out[s]["mean"] = float((self.support[s] * np.diff(np.concatenate([[0.0], np.cumsum(self.prob[s]) ** self.m])))
-                                   .sum()) if len(self.support[s]) else float("nan")
+            out[s]["mean"] = float((xs * np.diff(np.concatenate([[0.0], cdf]))).sum()) if len(xs) else float("nan")
+            out[s]["p_min"] = self.p_best_of_m(s, float(xs[-1])) if len(xs) else float("nan")
         return out
 
 
-def best_of_m_null(transfer_values: np.ndarray, m: int, *, seed: int = 0) -> NullDistribution:
-    """The selection-effect null for ``m`` random proxies over bases with these transfer values."""
+def best_of_m_null(transfer_values: np.ndarray, m: int | None = None, *, seed: int = 0,
+                   candidates: list[np.ndarray] | None = None) -> NullDistribution:
+    """The selection-effect null over bases with these transfer values.
+
+    ``candidates``: the observed values of every candidate looked at (each declared proxy
+    and the aggregate, oriented or not: only their tie structure matters); default ``m``
+    candidates without ties. n <= 8 bases: exact (every permutation); more: 20,000 random
+    permutations (numpy seed ``seed``).
+    """
     t = np.asarray(transfer_values, float)
     n = len(t)
+    if candidates is None:
+        if m is None:
+            raise ValueError("best_of_m_null needs m or candidates")
+        candidates = [np.arange(n, dtype=float)] * int(m)
+    cands = [np.asarray(c, float) for c in candidates]
     if n <= _EXACT_MAX_N:
-        perms = np.array(list(itertools.permutations(range(1, n + 1))), dtype=float)
+        perms = np.array(list(itertools.permutations(range(n))), dtype=int)
         method = "exact"
     else:
         rng = np.random.default_rng(seed)
-        perms = np.array([rng.permutation(n) + 1 for _ in range(_MC_PERMUTATIONS)], dtype=float)
+        perms = np.array([rng.permutation(n) for _ in range(_MC_PERMUTATIONS)], dtype=int)
         method = "monte_carlo"
-    support, prob = {}, {}
-    for stat, fn in (("spearman", _spearman_perm), ("kendall", _kendall_perm)):
-        vals = np.round(fn(perms, t), 12)
-        vals = vals[np.isfinite(vals)]
-        u, c = np.unique(vals, return_counts=True)
-        support[stat], prob[stat] = u, c / c.sum() if c.sum() else c.astype(float)
-    return NullDistribution(n=n, m=int(m), method=method, support=support, prob=prob)
+    support: dict[str, list[np.ndarray]] = {"spearman": [], "kendall": []}
+    prob: dict[str, list[np.ndarray]] = {"spearman": [], "kendall": []}
+    cache: dict[bytes, tuple] = {}
+    for x in cands:
+        key = _rank_avg(x).tobytes()  # same ranks -> same null
+        if key not in cache:
+            res = []
+            for stat, fn in (("spearman", _spearman_perm), ("kendall", _kendall_perm)):
+                vals = np.round(fn(perms, x, t), 12)
+                vals = vals[np.isfinite(vals)]
+                u, c = np.unique(vals, return_counts=True)
+                res.append((u, c / c.sum() if c.sum() else c.astype(float)))
+            cache[key] = tuple(res)
+        for stat, (u, p) in zip(("spearman", "kendall"), cache[key]):
+            support[stat].append(u)
+            prob[stat].append(p)
+    tied = [len(np.unique(x)) < n for x in cands]
+    return NullDistribution(n=n, m=len(cands), method=method, support=support, prob=prob, tied=tied)
+
+
+def min_p_best_of_m(n_bases: int, candidates: int) -> float:
+    """The smallest best-of-M p-value any proxy can reach with ``n_bases`` piloted bases and
+    ``candidates`` candidates without ties: a perfect rank agreement, P = 1 - (1 - 1/n!)^M."""
+    return 1.0 - (1.0 - 1.0 / math.factorial(n_bases)) ** candidates
+
+
+def smallest_beatable_k(candidates: int, alpha: float = 0.05, k_max: int = 12) -> int | None:
+    """The smallest shortlist size whose best-of-M null a perfect proxy can beat at ``alpha``."""
+    for k in range(2, k_max + 1):
+        if min_p_best_of_m(k, candidates) < alpha:
+            return k
+    return None
 
 
 def proxy_validation(shortlist_table: pd.DataFrame, plan: SelectionPlan, point: pd.Series, spec: SelectionSpec,
@@ -383,35 +576,52 @@ def proxy_validation(shortlist_table: pd.DataFrame, plan: SelectionPlan, point: 
                (p.id, f"value[{p.id}]", p.direction) for p in plan.shortlist.proxies]
     agg = plan.shortlist.aggregation
     proxies.append((f"shortlist aggregate ({agg})", agg, "lower"))
-    m = spec.random_proxies or len(plan.shortlist.proxies)
-    null = best_of_m_null(t, m, seed=seed + 1) if n >= 2 else None
+    # Every candidate looked at counts (the declared proxies AND the aggregate), each with its own ties.
+    observed = {}
+    for pid, col, direction in proxies:
+        if col in sl.columns:
+            observed[pid] = oriented(pd.to_numeric(sl.loc[bases, col], errors="coerce").to_numpy(float),
+                                     sign=1 if direction == "higher" else -1)
+    cand_vals = [v for v in observed.values() if np.isfinite(v).all()]
+    if spec.random_proxies:
+        cand_vals = [np.arange(n, dtype=float)] * spec.random_proxies + cand_vals[-1:]
+    m = len(cand_vals)
+    null = best_of_m_null(t, seed=seed + 1, candidates=cand_vals) if n >= 2 and m else None
     if n < 2:
         notes.append(f"proxy validation needs at least 2 piloted bases; there are {n}.")
     elif n == 2:
         notes.append("with 2 bases every rank correlation is +1 or -1: agreement is a coin flip and carries no evidence.")
-    elif n <= 4 and null is not None and len(null.support["spearman"]):
-        sp = null.support["spearman"]
+    elif n <= 4 and null is not None and len(null.support["spearman"][0]):
+        sp = null.support["spearman"][0]
         notes.append(f"with {n} bases Spearman takes only {len(sp)} values ({', '.join(f'{v:.2g}' for v in sp)}) and one "
-                     f"random proxy reaches the top value {sp[-1]:.2g} with probability {null.prob['spearman'][-1]:.2g} "
-                     f"(best of {m}: {null.p_best_of_m('spearman', sp[-1]):.2g}): even a perfect proxy is weak evidence.")
+                     f"random proxy reaches the top value {sp[-1]:.2g} with probability {null.prob['spearman'][0][-1]:.2g} "
+                     f"(best of the {m} candidates looked at: {null.p_best_of_m('spearman', sp[-1]):.2g}): even a perfect "
+                     "proxy is weak evidence.")
+    if null is not None and any(null.tied):
+        notes.append(f"{sum(null.tied)} of the {m} candidates have tied values over the piloted bases; their random "
+                     "counterparts in the null keep the same ties.")
     if n >= 2 and np.ptp(t) == 0:
         notes.append("every piloted base has the same transfer value: correlations are undefined.")
     rows = []
-    for pid, col, direction in proxies:
+    for c_idx, (pid, col, direction) in enumerate(proxies):
         if col not in sl.columns:
             notes.append(f"shortlist.csv has no column {col!r}; proxy {pid} is not validated. Re-run the shortlist.")
             continue
-        v = oriented(pd.to_numeric(sl.loc[bases, col], errors="coerce").to_numpy(float),
-                     sign=1 if direction == "higher" else -1)
+        v = observed[pid]
         ok = np.isfinite(v) & np.isfinite(t)
         rho = tau = float("nan")
         if ok.sum() >= 2 and np.ptp(v[ok]) > 0 and np.ptp(t[ok]) > 0:
             rho = float(spearmanr(v[ok], t[ok]).statistic)
             tau = float(kendalltau(v[ok], t[ok]).statistic)
+        ci = next((i for i, x in enumerate(cand_vals) if x is v), None) if null else None
+        if ci is None and null is not None and spec.random_proxies:
+            ci = 0  # an explicit count of random proxies: untied random proxies
+        single = (lambda stat, x: null.p_single(stat, x, ci)) if ci is not None else (lambda stat, x: np.nan)
         rows.append({"proxy": pid, "direction": direction, "n_bases": int(ok.sum()), "spearman": rho, "kendall": tau,
-                     "p_single_spearman": null.p_single("spearman", rho) if null else np.nan,
+                     "tied_values": bool(ok.sum() and len(np.unique(v[ok])) < ok.sum()),
+                     "p_single_spearman": single("spearman", rho),
                      "p_best_of_m_spearman": null.p_best_of_m("spearman", rho) if null else np.nan,
-                     "p_single_kendall": null.p_single("kendall", tau) if null else np.nan,
+                     "p_single_kendall": single("kendall", tau),
                      "p_best_of_m_kendall": null.p_best_of_m("kendall", tau) if null else np.nan,
                      "null_q95_spearman": null.quantile("spearman", 0.95) if null else np.nan,
                      "beats_null_q95": bool(rho == rho and null is not None and rho > null.quantile("spearman", 0.95) + 1e-9)})
@@ -461,6 +671,30 @@ def _diag_flags(diag: pd.DataFrame | None) -> list[str]:
             for r in bad.itertuples():
                 out.append(f"{r.base} seed {r.seed}: {getattr(r, col)} {what}")
     return out
+
+
+_VOLATILE = ("created_utc", "command")
+
+
+def _same_record(path: Path, rec: dict[str, Any]) -> bool:
+    """Whether ``path`` already holds ``rec`` up to its time and command line.
+
+    A re-run that reaches the same selection then leaves selection.json byte-identical, so
+    what was derived from it (``confirm.json`` pins its sha256; ``probeselect run`` hashes it
+    to decide whether the confirmation retraining is stale) stays valid, whatever the clock.
+    """
+    import json
+
+    if not path.is_file():
+        return False
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return False
+    if not isinstance(old, dict):
+        return False
+    canon = lambda d: json.dumps({k: v for k, v in d.items() if k not in _VOLATILE}, sort_keys=True, default=str)  # noqa: E731
+    return canon(old) == canon(json.loads(json.dumps(rec, default=str)))
 
 
 def select(run_dir: str | Path, *, plan_path: str | Path | None = None, pilot_dir: str | Path | None = None,
@@ -516,8 +750,16 @@ def select(run_dir: str | Path, *, plan_path: str | Path | None = None, pilot_di
               "outcome_files_at_lock": status.lock.get("outcome_files_at_lock", [])},
         selection_plan=spec.to_dict(),
         decision=ranking.summary(spec) | {"level": spec.level},
+        n_sft_seeds=len(ranking.seeds),
+        min_sft_seeds=spec.min_sft_seeds,
+        uncertainty={"method": "seed-level paired t", "level": spec.level, "seeds": ranking.seeds,
+                     "n_sft_seeds": len(ranking.seeds), "n_items": ranking.n_items,
+                     "comparisons": ranking.n_comparisons, "t_critical": ranking.t_critical,
+                     "p_best": {"draws": spec.bootstrap, "rng": "numpy.random.default_rng", "seed": spec.seed,
+                                "model": "multivariate t posterior of the seed means"}},
+        # kept for readers of the earlier layout: `replicates` are now posterior draws for p_best
         bootstrap={"replicates": spec.bootstrap, "rng": "numpy.random.default_rng", "seed": spec.seed,
-                   "level": spec.level, "resampled": "items and SFT seeds, paired across bases",
+                   "level": spec.level, "resampled": "none: seed-level paired t intervals (see uncertainty)",
                    "n_items": ranking.n_items, "seeds": ranking.seeds},
         bases=records(ranking.table),
         proxy_validation=records(proxies),
@@ -530,7 +772,8 @@ def select(run_dir: str | Path, *, plan_path: str | Path | None = None, pilot_di
         table="selection.csv",
     )
     atomic_write_csv(csv_path, table)
-    atomic_write_json(json_path, rec)
+    if not _same_record(json_path, rec):
+        atomic_write_json(json_path, rec)
     return SelectionResult(ranking=ranking, proxies=proxies, null=null, post_hoc=post_hoc,
                            post_hoc_reasons=status.reasons, notes=notes, json_path=json_path, csv_path=csv_path,
                            record=rec)

@@ -352,6 +352,9 @@ def shortlist(run_dir: str | Path, plan_path: str | Path, *, out_dir: str | Path
     k = plan.k
     notes: list[str] = []
     notes.extend(_predeclared_note(plan_path, run.manifest))
+    lock_state = _lock_state(Path(run_dir), Path(plan_path))
+    if lock_state["note"]:
+        notes.append(lock_state["note"])
 
     table = pd.DataFrame({"checkpoint": order})
     table["step"] = table["checkpoint"].map(steps)
@@ -503,6 +506,8 @@ def shortlist(run_dir: str | Path, plan_path: str | Path, *, out_dir: str | Path
     man.update(
         plan=plan.to_dict(),
         plan_sha256=sha256_file(Path(plan_path)),
+        plan_locked=lock_state["locked"],
+        post_hoc=lock_state["post_hoc"],
         summary_sha256=sha256_file(run.run_dir / "summary.csv"),
         run_created_utc=(run.manifest or {}).get("created_utc"),
         n_candidates=len(cands),
@@ -515,6 +520,22 @@ def shortlist(run_dir: str | Path, plan_path: str | Path, *, out_dir: str | Path
     atomic_write_json(json_path, man)
     return ShortlistResult(table=table, selected=chosen, notes=notes, plan=plan, csv_path=csv_path,
                            json_path=json_path, excluded=excluded)
+
+
+def _lock_state(run_dir: Path, plan_path: Path) -> dict[str, Any]:
+    """Whether the run's plan lock (``plan.lock.json``, taken before the shortlist) covers this plan."""
+    from .plan import LOCK_NAME, read_lock
+
+    if not (run_dir / LOCK_NAME).is_file():
+        return {"locked": False, "post_hoc": None,
+                "note": f"no plan lock in {run_dir}: this shortlist is exploratory. Lock the plan BEFORE the shortlist "
+                        f"(`probeselect plan lock {plan_path} --run {run_dir}`) so the selection can be predeclared."}
+    lock = read_lock(run_dir)
+    if lock.get("plan_sha256") == sha256_file(plan_path):
+        return {"locked": True, "post_hoc": False, "note": None}
+    return {"locked": True, "post_hoc": True,
+            "note": f"POST-HOC: {plan_path} is not the plan locked in {run_dir / LOCK_NAME} ({lock.get('plan_path')}, "
+                    f"locked {lock.get('locked_utc')}); a selection from this shortlist is POST-HOC."}
 
 
 def _predeclared_note(plan_path: str | Path, manifest: dict | None) -> list[str]:

@@ -80,6 +80,8 @@ __all__ = [
     "METRICS",
     "RENAMED_METRICS",
     "WEIGHTED_METRICS",
+    "METRICS_BY_PART",
+    "METRIC_NAMES",
     "TransferItems",
     "check_disjoint_from_probes",
     "check_disjoint_from_sft",
@@ -96,6 +98,12 @@ __all__ = [
 METRICS: dict[str, str] = {m: direction_word(m) for m in TRANSFER_METRIC_NAMES}
 #: Metrics whose run-level value is weighted (tokens or bytes), not an item mean.
 WEIGHTED_METRICS = ("heldout_loss", "sft_heldout_bpb", "heldout_bpb")
+#: Every metric name evaluate_transfer writes (plans are validated against it at lock).
+METRIC_NAMES: tuple[str, ...] = tuple(TRANSFER_METRIC_NAMES)
+#: Which metrics each part of the suite produces.
+METRICS_BY_PART: dict[str, tuple[str, ...]] = {"tasks": ("task_accuracy", "task_logprob", "termination"),
+                                               "robustness": ("robust_recovery",),
+                                               "heldout": ("heldout_loss", "sft_heldout_bpb")}
 ITEM_COLUMNS = ["item_id", "kind", "metric", "value", "weight"]
 _FILE_KEYS = ("tasks", "robustness", "heldout")
 _DEFAULTS: dict[str, Any] = {"tasks": None, "robustness": None, "heldout": None, "max_new_tokens": 12,
