@@ -4,7 +4,8 @@
 :class:`Checkpoint` records. It understands
 
 * HF Trainer folders ``checkpoint-<N>``;
-* OLMo folders ``step<N>-tokens<M>B`` and ``stage1-step<N>-tokens<M>B``;
+* OLMo folders (and Hub revisions) ``step<N>-tokens<M>B``, ``stage1-step<N>-tokens<M>B``
+  and ``stage2-ingredient<K>-step<N>-tokens<M>B``;
 * ``step<N>``, ``global_step<N>`` and Megatron ``iter_<N>`` (e.g. ``iter_0001000``);
 * a single HF model folder (the directory itself holds the weights);
 * any HF model folder whose step (and tokens) are recorded in ``trainer_state.json``
@@ -12,11 +13,19 @@
   (``step``, ``tokens``).
 
 Checkpoints are ordered numerically by step (``checkpoint-9`` before ``checkpoint-10``).
-Each gets a content fingerprint that is cheap even for multi-GB weights: file names and
-sizes, the safetensors headers (which hold every tensor's name, dtype, shape and byte
-range), 16 sampled 64 KiB blocks of every weight file (whole files up to 2 MiB), a hash
-of ``config.json`` and the tokenizer's content hash. Truncated or corrupt
-safetensors files are detected from their header without reading the tensors.
+Weights may be one file (``model.safetensors``), sharded safetensors
+(``model-0000k-of-0000n.safetensors`` + ``model.safetensors.index.json``) or legacy
+``pytorch_model*.bin``; a ladder may mix single-file and sharded checkpoints. A corrupt
+index, a shard the index names but the folder lacks, a tensor the index places in a shard
+that does not hold it, shards without their index, and truncated or corrupt safetensors
+files are clear :class:`CheckpointError` s, detected from the headers without reading
+the tensors.
+
+Each checkpoint gets a content fingerprint (see :func:`fingerprint_checkpoint`): file
+names and sizes, the safetensors headers (every tensor's name, dtype, shape and byte
+range), the shard index, a hash of ``config.json``, the tokenizer's content hash and the
+weight bytes: ``fingerprint="sampled"`` (default) reads samples of *every* tensor (see
+:func:`_file_digest`), ``fingerprint="full"`` hashes every weight file completely.
 """
 
 from __future__ import annotations
@@ -37,12 +46,14 @@ __all__ = [
     "fingerprint_checkpoint",
     "tokenizer_hash",
     "parse_checkpoint_name",
+    "order_ladder",
+    "FINGERPRINT_MODES",
 ]
 
 # (regex, has_tokens). Tokens in OLMo names are in billions.
 _NAME_PATTERNS: list[tuple[re.Pattern[str], bool]] = [
     (re.compile(r"^checkpoint-(\d+)$"), False),
-    (re.compile(r"^(?:stage\d+-)?step(\d+)-tokens(\d+(?:\.\d+)?)B$"), True),
+    (re.compile(r"^(?:stage\d+-(?:ingredient\d+-)?)?step(\d+)-tokens(\d+(?:\.\d+)?)B$"), True),
     (re.compile(r"^global_step(\d+)$"), False),
     (re.compile(r"^step(\d+)$"), False),
     (re.compile(r"^iter_(\d+)$"), False),
@@ -83,9 +94,12 @@ class Checkpoint:
     fingerprint: str
     tokenizer_hash: str | None
     weight_files: tuple[str, ...] = field(default=())
+    repo: str | None = None  # Hub checkpoints (probeselect._hub): repo id, revision name, commit sha
+    revision: str | None = None
+    commit: str | None = None
 
     def to_dict(self) -> dict:
-        return {
+        d = {
             "name": self.name,
             "path": str(self.path),
             "step": self.step,
@@ -94,6 +108,9 @@ class Checkpoint:
             "tokenizer_hash": self.tokenizer_hash,
             "weight_files": list(self.weight_files),
         }
+        if self.repo is not None:
+            d.update(repo=self.repo, revision=self.revision, commit=self.commit)
+        return d
 
 
 def parse_checkpoint_name(name: str) -> tuple[int, int | None] | None:
@@ -128,15 +145,64 @@ def _read_metadata(path: Path) -> tuple[int | None, int | None]:
     return step, tokens
 
 
+FINGERPRINT_MODES = ("sampled", "full")
+
+_SHARD_RE = re.compile(r"^(?P<stem>.+)-(?P<k>\d+)-of-(?P<n>\d+)\.(?P<ext>safetensors|bin)$")
+_INDEXES = (("model.safetensors.index.json", "model.safetensors"), ("pytorch_model.bin.index.json", "pytorch_model.bin"))
+
+
+def _read_index(index: Path) -> dict[str, str]:
+    """The ``weight_map`` (tensor name -> shard file name) of a shard index, validated."""
+    fix = "Re-copy the checkpoint or re-save it with `save_pretrained`."
+    try:
+        data = json.loads(index.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else type(exc).__name__
+        raise CheckpointError(f"{index}: corrupt shard index (not valid JSON: {reason}). {fix}") from None
+    wmap = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(wmap, dict) or not wmap or not all(isinstance(k, str) and isinstance(v, str)
+                                                         for k, v in wmap.items()):
+        raise CheckpointError(f"{index}: corrupt shard index (no `weight_map` of tensor name -> shard file). {fix}")
+    bad = sorted({v for v in wmap.values() if Path(v).name != v or v in (".", "..")})
+    if bad:
+        raise CheckpointError(f"{index}: shard index names a file outside the checkpoint folder ({bad[0]!r}). {fix}")
+    return wmap
+
+
 def _weight_files(path: Path) -> list[Path]:
+    """The weight files a checkpoint folder loads from (validated: see the module docstring)."""
+    for index_name, single in _INDEXES:
+        index = path / index_name
+        if not index.is_file():
+            continue
+        if (path / single).is_file():
+            raise CheckpointError(
+                f"{path}: holds both {single} and {index_name}; transformers would load only {single}. "
+                "Remove the one that does not belong to this checkpoint."
+            )
+        shards = sorted(set(_read_index(index).values()))
+        missing = [s for s in shards if not (path / s).is_file()]
+        if missing:
+            raise CheckpointError(
+                f"{path}: shard(s) named in {index_name} missing: {', '.join(missing)}. Re-copy the checkpoint."
+            )
+        return [path / s for s in shards]
     files = sorted(path.glob("*.safetensors"))
     if not files:
         files = sorted(p for p in path.glob("*.bin") if p.name.startswith("pytorch_model"))
+    sharded = [f for f in files if _SHARD_RE.match(f.name)]
+    if sharded:
+        m = _SHARD_RE.match(sharded[0].name)
+        index_name = "model.safetensors.index.json" if m["ext"] == "safetensors" else "pytorch_model.bin.index.json"
+        raise CheckpointError(
+            f"{path}: sharded weights ({sharded[0].name}, ...) without {index_name}; transformers cannot load "
+            "them. Re-copy the index file with the shards."
+        )
     return files
 
 
-def _check_safetensors(f: Path) -> bytes:
-    """Validate a safetensors file from its header; return the raw header bytes.
+def _check_safetensors(f: Path) -> tuple[bytes, dict]:
+    """Validate a safetensors file from its header; return the raw header bytes and the parsed header.
 
     A valid file is ``8-byte little-endian header length N`` + ``N bytes of JSON`` +
     tensor data whose last byte range ends exactly at the end of the file.
@@ -154,46 +220,88 @@ def _check_safetensors(f: Path) -> bytes:
         header = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise CheckpointError(f"{f}: corrupt safetensors header (not JSON). {fix}") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{f}: corrupt safetensors header (not a JSON object). {fix}")
     end = 0
     for key, info in header.items():
         if key == "__metadata__":
             continue
         try:
-            end = max(end, int(info["data_offsets"][1]))
+            lo, hi = (int(x) for x in info["data_offsets"])
         except (KeyError, TypeError, IndexError, ValueError):
             raise CheckpointError(f"{f}: corrupt safetensors header (tensor {key!r} has no data_offsets). {fix}") from None
+        if not 0 <= lo <= hi:
+            raise CheckpointError(f"{f}: corrupt safetensors header (tensor {key!r} has data_offsets {lo}..{hi}). {fix}")
+        end = max(end, hi)
     expected = 8 + n + end
     if size != expected:
         raise CheckpointError(
             f"{f}: truncated or corrupt safetensors file (expected {expected} bytes from its header, found {size}). {fix}"
         )
-    return raw
+    return raw, header
 
 
-_SAMPLE_BLOCKS = 16
+_SMALL_FILE = 2 * 1024 * 1024  # files up to this size are hashed whole
+_SAMPLE_BLOCKS = 16  # blocks of _BLOCK bytes spread over each larger file
 _BLOCK = 1 << 16
+_SMALL_TENSOR = 4096  # tensors up to this many bytes are hashed whole
+_PROBE = 64  # bytes per sampled position of a larger tensor
+_RANDOM_PROBES = 8  # seeded positions per larger tensor, besides its first, middle and last bytes
 
 
-def _file_digest(f: Path) -> str:
-    """Cheap content digest of a weight file.
+def _tensor_ranges(header: dict, header_hash: bytes, data_start: int) -> list[tuple[int, int]]:
+    """File byte ranges ``(offset, length)`` sampled from every tensor of a safetensors file."""
+    ranges: list[tuple[int, int]] = []
+    for name in sorted(k for k in header if k != "__metadata__"):
+        lo, hi = (int(x) for x in header[name]["data_offsets"])
+        n = hi - lo
+        if n <= _SMALL_TENSOR:
+            ranges.append((data_start + lo, n))
+            continue
+        starts = {0, (n - _PROBE) // 2, n - _PROBE}
+        seed = hashlib.sha256(header_hash + name.encode()).digest()
+        for j in range(_RANDOM_PROBES):
+            r = int.from_bytes(hashlib.sha256(seed + bytes([j])).digest()[:8], "little")
+            starts.add(r % (n - _PROBE + 1))
+        ranges.extend((data_start + lo + s, _PROBE) for s in sorted(starts))
+    return sorted(ranges)
 
-    Files up to 2 MiB are hashed whole. Larger files contribute their size, their
-    safetensors header (every tensor's name, dtype, shape and byte range) and 16 blocks
-    of 64 KiB spread evenly over the file, first and last included: about 1 MiB read per
-    file whatever its size, yet any two checkpoints of a training run differ in every
-    block because every weight moves at every step.
+
+def _file_digest(f: Path, mode: str = "sampled") -> str:
+    """Content digest of one weight file.
+
+    ``mode="full"`` is the SHA-256 of every byte (plus the validated header). In the
+    default ``mode="sampled"``, files up to 2 MiB, and ``.bin`` files (which carry no tensor
+    index to sample from), are hashed whole; a larger safetensors file contributes its size,
+    its header (every tensor's name, dtype, shape and byte range), 16 blocks of 64 KiB
+    spread evenly over the file, and from **every** tensor: the whole tensor when it is at
+    most 4 KiB, else its first, middle and last 64 bytes plus 64 bytes at each of 8 positions
+    drawn from a hash of the header and the tensor's name. So every tensor is read, and a
+    change anywhere in a tensor's extremes or at any sampled position changes the digest;
+    training moves every weight of every trained tensor, so checkpoints of a run always
+    differ. What sampling cannot see: a change confined to bytes of a large tensor that
+    lie between the sampled positions (e.g. editing a handful of rows of an embedding by
+    hand). Use ``mode="full"`` (``--fingerprint full``) when that matters.
     """
+    if mode not in FINGERPRINT_MODES:
+        raise CheckpointError(f"unknown fingerprint mode {mode!r}; choose one of {', '.join(FINGERPRINT_MODES)}.")
     size = f.stat().st_size
-    header = _check_safetensors(f) if f.suffix == ".safetensors" else b""
-    h = hashlib.sha256(header)
+    raw, header = _check_safetensors(f) if f.suffix == ".safetensors" else (b"", None)
+    h = hashlib.sha256(raw)
     h.update(str(size).encode())
+    if mode == "full" or size <= _SMALL_FILE or header is None:
+        h.update(b"full")
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 22), b""):
+                h.update(block)
+        return h.hexdigest()
     with open(f, "rb") as fh:
-        if size <= 2 * 1024 * 1024:
-            h.update(fh.read())
-        else:
-            for k in range(_SAMPLE_BLOCKS):
-                fh.seek((size - _BLOCK) * k // (_SAMPLE_BLOCKS - 1))
-                h.update(fh.read(_BLOCK))
+        for k in range(_SAMPLE_BLOCKS):
+            fh.seek((size - _BLOCK) * k // (_SAMPLE_BLOCKS - 1))
+            h.update(fh.read(_BLOCK))
+        for off, n in _tensor_ranges(header, hashlib.sha256(raw).digest(), 8 + len(raw)):
+            fh.seek(off)
+            h.update(fh.read(n))
     return h.hexdigest()
 
 
@@ -227,13 +335,18 @@ def tokenizer_hash(path: Path) -> str | None:
     return canonical_json_hash(parts)
 
 
-def fingerprint_checkpoint(path: Path) -> tuple[str, tuple[str, ...]]:
+def fingerprint_checkpoint(path: Path, mode: str = "sampled") -> tuple[str, tuple[str, ...]]:
     """Return ``(fingerprint, weight_file_names)`` for an HF model folder.
 
-    Raises :class:`CheckpointError` for a folder without config or weights, or with a
-    truncated/corrupt safetensors file.
+    ``mode`` is ``"sampled"`` (default: samples of every tensor, see :func:`_file_digest`)
+    or ``"full"`` (SHA-256 of every weight byte; costs one full read of the weights, see
+    bench/README.md). The two modes give different fingerprints, so switching mode
+    re-scores a ladder once. Raises :class:`CheckpointError` for a folder without config
+    or weights, a truncated/corrupt safetensors file, or a corrupt or incomplete shard index.
     """
     path = Path(path)
+    if mode not in FINGERPRINT_MODES:
+        raise CheckpointError(f"unknown fingerprint mode {mode!r}; choose one of {', '.join(FINGERPRINT_MODES)}.")
     config = path / "config.json"
     if not config.is_file():
         raise CheckpointError(f"{path}: not an HF model folder (no config.json). Save it with `model.save_pretrained(...)`.")
@@ -248,26 +361,36 @@ def fingerprint_checkpoint(path: Path) -> tuple[str, tuple[str, ...]]:
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise CheckpointError(f"{config}: corrupt config.json. Re-save the checkpoint.") from None
     index = path / "model.safetensors.index.json"
-    if index.is_file():
-        shards = set(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).values())
-        missing = sorted(s for s in shards if not (path / s).is_file())
-        if missing:
-            raise CheckpointError(f"{path}: safetensors shards missing: {', '.join(missing)}. Re-copy the checkpoint.")
+    wmap = _read_index(index) if index.is_file() else None
+    if wmap is not None:
+        # Every tensor the index places in a shard must be in that shard's header.
+        held = {f.name: set(_check_safetensors(f)[1]) for f in files}
+        wrong = sorted(k for k, s in wmap.items() if k not in held.get(s, ()))
+        if wrong:
+            raise CheckpointError(
+                f"{index}: tensor {wrong[0]!r} is mapped to {wmap[wrong[0]]} but that shard does not hold it "
+                f"({len(wrong)} such tensor(s)); the index and the shards come from different saves. Re-copy the checkpoint."
+            )
     parts = {
         "config": config_hash,
         "tokenizer": tokenizer_hash(path),
-        "weights": [(f.name, f.stat().st_size, _file_digest(f)) for f in files],
+        "weights": [(f.name, f.stat().st_size, _file_digest(f, mode)) for f in files],
     }
+    if wmap is not None:
+        parts["index"] = canonical_json_hash(wmap)
+    if mode != "sampled":
+        parts["mode"] = mode
     return canonical_json_hash(parts), tuple(f.name for f in files)
 
 
-def _make_checkpoint(path: Path, name: str, step: int | None, tokens: int | None) -> Checkpoint:
+def _make_checkpoint(path: Path, name: str, step: int | None, tokens: int | None,
+                     fingerprint: str = "sampled") -> Checkpoint:
     meta_step, meta_tokens = _read_metadata(path)
     if step is None:
         step = meta_step
     if tokens is None:
         tokens = meta_tokens
-    fp, files = fingerprint_checkpoint(path)
+    fp, files = fingerprint_checkpoint(path, fingerprint)
     return Checkpoint(
         name=name,
         path=path,
@@ -283,11 +406,11 @@ def _has_weights(path: Path) -> bool:
     return bool(_weight_files(path))
 
 
-def _discover_one(sub: Path, found: list[Checkpoint]) -> None:
+def _discover_one(sub: Path, found: list[Checkpoint], fingerprint: str = "sampled") -> None:
     """Append the checkpoint in ladder subfolder ``sub`` to ``found`` (other folders are ignored)."""
     parsed = parse_checkpoint_name(sub.name)
     if parsed is not None:
-        found.append(_make_checkpoint(sub, sub.name, *parsed))
+        found.append(_make_checkpoint(sub, sub.name, *parsed, fingerprint))
     elif (sub / "config.json").is_file() and _has_weights(sub):
         meta_step, _ = _read_metadata(sub)
         if meta_step is None:
@@ -295,13 +418,16 @@ def _discover_one(sub: Path, found: list[Checkpoint]) -> None:
                 f"{sub}: cannot tell this checkpoint's step. Name the folder checkpoint-<step> "
                 "or record it in trainer_state.json (global_step)."
             )
-        found.append(_make_checkpoint(sub, sub.name, None, None))
+        found.append(_make_checkpoint(sub, sub.name, None, None, fingerprint))
     # Other folders (data/, logs/, ...) are not checkpoints and are ignored.
 
 
 def discover_checkpoints(path: str | Path, *, allow_tokenizer_mismatch: bool = False,
-                         errors: dict[str, str] | None = None) -> list[Checkpoint]:
+                         errors: dict[str, str] | None = None, fingerprint: str = "sampled") -> list[Checkpoint]:
     """Turn a directory into an ordered list of checkpoints (see the module docstring).
+
+    ``fingerprint`` is the fingerprint mode (``sampled`` or ``full``, see
+    :func:`fingerprint_checkpoint`).
 
     Raises :class:`CheckpointError` for a missing path, an empty directory, a checkpoint
     folder without weights, a corrupt safetensors file, or a checkpoint whose step cannot
@@ -321,11 +447,11 @@ def discover_checkpoints(path: str | Path, *, allow_tokenizer_mismatch: bool = F
         # A single model folder.
         parsed = parse_checkpoint_name(root.name)
         step, tokens = parsed if parsed else (None, None)
-        found.append(_make_checkpoint(root, root.name, step, tokens))
+        found.append(_make_checkpoint(root, root.name, step, tokens, fingerprint))
     else:
         for sub in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
             try:
-                _discover_one(sub, found)
+                _discover_one(sub, found, fingerprint)
             except CheckpointError as exc:
                 if errors is None:
                     raise
@@ -339,13 +465,20 @@ def discover_checkpoints(path: str | Path, *, allow_tokenizer_mismatch: bool = F
                 "step<N>-tokens<M>B, global_step<N> or iter_<N>, or a single model folder."
             )
 
+    return order_ladder(found, root, allow_tokenizer_mismatch=allow_tokenizer_mismatch)
+
+
+def order_ladder(found: list[Checkpoint], where, *, allow_tokenizer_mismatch: bool = False) -> list[Checkpoint]:
+    """Order checkpoints numerically by step and check the ladder: no two claim one step,
+    and all share one tokenizer (unless ``allow_tokenizer_mismatch``). ``where`` names the
+    ladder (folder or Hub repo) in errors."""
     steps = [c.step for c in found]
     if len(found) > 1:
-        dupes = sorted({s for s in steps if steps.count(s) > 1})
+        dupes = sorted({s for s in steps if steps.count(s) > 1}, key=lambda s: (s is None, s or 0))
         if dupes:
             names = [c.name for c in found if c.step in dupes]
-            raise CheckpointError(f"{root}: several checkpoints claim the same step {dupes}: {names}. Remove the duplicates.")
-    found.sort(key=lambda c: (c.step if c.step is not None else -1, c.name))
+            raise CheckpointError(f"{where}: several checkpoints claim the same step {dupes}: {names}. Remove the duplicates.")
+    found = sorted(found, key=lambda c: (c.step if c.step is not None else -1, c.name))
 
     if not allow_tokenizer_mismatch:
         ref = next((c for c in found if c.tokenizer_hash is not None), None)

@@ -36,10 +36,18 @@ def _cmd_toy_ladder(args: argparse.Namespace) -> int:
 def _cmd_score(args: argparse.Namespace) -> int:
     from .score import score_checkpoints
 
-    out = Path(args.out) if args.out else Path("results") / Path(args.ckpt_dir).resolve().name
     t0 = time.perf_counter()
+    ladder = args.ckpt_dir
+    if args.revisions or args.revision_pattern:  # CKPT_DIR is a Hub repo id
+        from ._hub import resolve_hub_ladder
+
+        ladder = resolve_hub_ladder(args.ckpt_dir, args.revisions, args.revision_pattern, fingerprint=args.fingerprint,
+                                    allow_tokenizer_mismatch=args.allow_tokenizer_mismatch)
+        out = Path(args.out) if args.out else Path("results") / args.ckpt_dir.rstrip("/").split("/")[-1]
+    else:
+        out = Path(args.out) if args.out else Path("results") / Path(args.ckpt_dir).resolve().name
     res = score_checkpoints(
-        args.ckpt_dir,
+        ladder,
         args.probes,
         seeds=args.seeds,
         out=out,
@@ -56,9 +64,24 @@ def _cmd_score(args: argparse.Namespace) -> int:
         audit_items=args.audit_items,
         on_overflow=args.on_overflow,
         progress=not args.no_progress,
+        fingerprint=args.fingerprint,
+        shard=args.shard,
+        merge=args.merge,
     )
     if int(os.environ.get("RANK", "0")) != 0:
         return 0  # rank 0 reports
+    if res.manifest.get("kind") == "score-shard":
+        i, n = res.manifest["shard"]
+        pending = res.manifest.get("units_pending")
+        print(f"shard {i}/{n}: {res.manifest['n_units_owned']} work unit(s) done, {len(res.scored)} checkpoint(s) "
+              f"scored now in {time.perf_counter() - t0:.1f}s; {pending} unit(s) of the plan still pending "
+              f"(record: {out}/shards/shard-{i}-of-{n}.json).", file=sys.stderr)
+        if pending == 0:
+            print("every unit is scored but another shard claimed the merge; run the same command with --merge "
+                  "(instead of --shard) if no tables appear.", file=sys.stderr)
+        for name, err in res.failed.items():
+            print(f"FAILED {name}: {err}", file=sys.stderr)
+        return 0
     for name, err in res.failed.items():
         print(f"FAILED {name}: {err}", file=sys.stderr)
     if res.failed:
@@ -191,7 +214,14 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Score every checkpoint in CKPT_DIR with the given probe specs under each "
                                    "evaluation seed; writes items.jsonl, scores.parquet, summary.csv and "
                                    "manifest.json to --out. Re-runs reuse cached per-checkpoint scores.")
-    s.add_argument("ckpt_dir", metavar="CKPT_DIR", help="a folder of checkpoints, or one model folder")
+    s.add_argument("ckpt_dir", metavar="CKPT_DIR",
+                   help="a folder of checkpoints, one model folder, or a Hub repo ORG/NAME with --revisions")
+    s.add_argument("--revisions", nargs="+", default=None, metavar="REV",
+                   help="CKPT_DIR is a Hub repo: score these revisions (branches such as step1000 or "
+                        "stage1-step1000-tokens4B), or `all` (every revision whose name carries a step); "
+                        "offline (HF_HUB_OFFLINE=1) they must be in the local HF cache")
+    s.add_argument("--revision-pattern", default=None, metavar="GLOB",
+                   help="CKPT_DIR is a Hub repo: score the revisions matching GLOB, e.g. 'stage1-step*'")
     s.add_argument("--probes", nargs="+", required=True, metavar="SPEC", help="probe spec YAML files (probes/*.yaml)")
     s.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3], help="evaluation seeds (default 0 1 2 3)")
     s.add_argument("--out", default=None, help="run folder (default results/<CKPT_DIR name>)")
@@ -218,6 +248,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tokenizer", default=None, help="tokenizer folder, for checkpoints saved without one")
     s.add_argument("--allow-tokenizer-mismatch", action="store_true",
                    help="score checkpoints even if their tokenizers differ")
+    s.add_argument("--fingerprint", choices=["sampled", "full"], default="sampled",
+                   help="checkpoint fingerprint for the cache keys: sampled (default; headers plus samples of "
+                        "every tensor) or full (sha256 of every weight byte; one full read of the weights)")
+    s.add_argument("--shard", default=None, metavar="I/N",
+                   help="job arrays: score only the I-th of N disjoint shares of the work units (1 <= I <= N) into "
+                        "the shared --out folder; the shard that completes the plan writes the final tables")
+    s.add_argument("--merge", action="store_true",
+                   help="write the final tables from the shards' cache (no model work); refuses and names the "
+                        "missing shards unless every unit is scored. Use the shards' flags.")
     s.add_argument("--no-progress", action="store_true", help="hide progress bars")
     s.set_defaults(func=_cmd_score)
 

@@ -46,6 +46,7 @@ from tqdm.auto import tqdm
 
 from ._io import atomic_write_csv, atomic_write_json, atomic_write_parquet, canonical_json_hash, sha256_file
 from .checkpoints import Checkpoint, discover_checkpoints
+from ._hub import checkpoint_from_snapshot
 from .errors import CheckpointError, ManifestMismatchError, SelectionError, TokenizerMismatchError
 from .manifest import base_manifest
 from .sft.data import data_hash, encode_rows, load_rows, prompt_formatter
@@ -125,8 +126,8 @@ def resolve_bases(bases: str | Path | Sequence[str | Path], *, ladder: str | Pat
             paths.append(p)
     ckpts = []
     for p in paths:
-        found = discover_checkpoints(p)
-        ckpts.append(found[0])
+        hub = checkpoint_from_snapshot(p)  # a Hub revision in the HF cache: named by its revision
+        ckpts.append(hub or discover_checkpoints(p)[0])
     names = [c.name for c in ckpts]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:

@@ -2,7 +2,9 @@
 
 Stages, in order (``OUT`` = the config's ``out``; ``RUN`` = ``OUT/score``)::
 
-    ladder     build the toy ladder (``ladder: {toy: {seed: 0}}``) into OUT/ladder, or use a folder
+    ladder     build the toy ladder (``ladder: {toy: {seed: 0}}``) into OUT/ladder, or use a folder,
+               or Hub revisions (``ladder: {repo: ORG/NAME, revisions: [step1000, ...] | all,
+               revision_pattern: 'stage1-step*'}``; see probeselect._hub)
     score      probeselect score -> RUN/summary.csv, scores.parquet, manifest.json
     average    optional (``average: {window: K}``): average K consecutive checkpoints into
                OUT/ladder-avgK and score them -> RUN/averaged/ (compared in the report)
@@ -103,7 +105,15 @@ def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str
             raise RunConfigError(f"{src}: `{k}:` is required (see recipes/demo.yaml).")
     out = Path(str(cfg["out"]))
     lad = cfg["ladder"]
-    if isinstance(lad, dict):
+    if isinstance(lad, dict) and "repo" in lad:  # Hub revisions (probeselect._hub)
+        bad = [k for k in lad if k not in ("repo", "revisions", "revision_pattern")]
+        if bad or not isinstance(lad["repo"], str) or not (lad.get("revisions") or lad.get("revision_pattern")):
+            raise RunConfigError(f"{src}: `ladder: {{repo: ORG/NAME, revisions: [...] | all}}` (or revision_pattern: "
+                                 f"GLOB) expected, got {lad!r}.")
+        if cfg.get("average") is not None:
+            raise RunConfigError(f"{src}: `average:` needs a local ladder folder, not Hub revisions; set average: null.")
+        ladder_dir = out / "ladder"
+    elif isinstance(lad, dict):
         if set(lad) != {"toy"} or not isinstance(lad["toy"], dict):
             raise RunConfigError(f"{src}: `ladder:` must be a folder path or {{toy: {{seed: 0}}}}.")
         bad = [k for k in lad["toy"] if k not in ("seed", "steps", "save_every", "curriculum")]
@@ -182,10 +192,12 @@ def _load_state(out: Path) -> dict:
     return {"stages": {}}
 
 
-def _ladder_identity(ladder: Path) -> dict:
+def _ladder_identity(ladder) -> dict:
     """What a scored ladder depends on: ladder.json (toy) or each checkpoint's fingerprint and weight files."""
     from .checkpoints import discover_checkpoints
 
+    if not isinstance(ladder, Path):  # Hub revisions: the resolved checkpoints (commit + file fingerprints)
+        return {"hub": [{"name": c.name, "commit": c.commit, "fingerprint": c.fingerprint} for c in ladder]}
     if (ladder / "ladder.json").is_file():
         return {"ladder.json": sha256_file(ladder / "ladder.json")}
     ckpts = discover_checkpoints(ladder)
@@ -229,6 +241,14 @@ def run_pipeline(config: str | Path, *, overrides: Sequence[str] = (), force: Se
     conf_cfg = cfg.get("confirm")
     sel_cfg = cfg.get("select") or {}
     toy = cfg["ladder"].get("toy") if isinstance(cfg["ladder"], dict) else None
+    hub = cfg["ladder"] if isinstance(cfg["ladder"], dict) and "repo" in cfg["ladder"] else None
+
+    def ladder_source():  # a folder, or the resolved Hub revisions
+        if hub is None:
+            return ladder
+        from ._hub import resolve_hub_ladder
+
+        return resolve_hub_ladder(hub["repo"], hub.get("revisions"), hub.get("revision_pattern"))
 
     # -- stage bodies --------------------------------------------------------------------------
     def do_ladder() -> str:
@@ -241,7 +261,7 @@ def run_pipeline(config: str | Path, *, overrides: Sequence[str] = (), force: Se
     def do_score() -> str:
         from .score import score_checkpoints
 
-        res = score_checkpoints(ladder, _load_specs(sc), seeds=sc.get("seeds", [0, 1, 2, 3]), out=run,
+        res = score_checkpoints(ladder_source(), _load_specs(sc), seeds=sc.get("seeds", [0, 1, 2, 3]), out=run,
                                 heldout=sc.get("heldout"), audit_items=int(sc.get("audit_items", 0)),
                                 max_batch_tokens=int(sc.get("max_batch_tokens", 8192)),
                                 dtype=sc.get("dtype", "float32"), device=device, progress=progress)
@@ -329,7 +349,7 @@ def run_pipeline(config: str | Path, *, overrides: Sequence[str] = (), force: Se
     pilot_out = files("pilot/transfer.csv", "pilot/transfer_items.parquet", "pilot/diagnostics.csv")
     stages = [
         _Stage("ladder", lambda: {"toy": toy}, lambda: [ladder / "ladder.json"], do_ladder, enabled=toy is not None),
-        _Stage("score", lambda: {"ladder": _ladder_identity(ladder), "probes": [s.to_dict() for s in _load_specs(sc)],
+        _Stage("score", lambda: {"ladder": _ladder_identity(ladder_source()), "probes": [s.to_dict() for s in _load_specs(sc)],
                                  "specs": _hash_files([Path(p) for p in sc["probes"]]),
                                  "heldout": _hash_files([Path(sc["heldout"])]) if sc.get("heldout") else None,
                                  "config": {k: v for k, v in sc.items() if k != "probes"}},

@@ -52,6 +52,7 @@ from .generation import (
 )
 from .probes import FamilySpec, ProbeItem, generate_items, get_family, load_spec
 from ._dist import dist_context, split_contiguous
+from . import _shards
 from .spans import EncodedGroup, _model_max_length, encode_pair, group_pairs, score_groups
 from .tables import summarize_scores
 
@@ -397,6 +398,9 @@ def score_checkpoints(
     audit_max_new_tokens: int = 16,
     on_overflow: str = "error",
     progress: bool = True,
+    fingerprint: str = "sampled",
+    shard: str | tuple[int, int] | None = None,
+    merge: bool = False,
 ) -> ScoreResult:
     """Score every checkpoint with every probe spec under every evaluation seed.
 
@@ -422,7 +426,21 @@ def score_checkpoints(
     (evaluation seed ``seeds[0]``; 0 disables it) and writes ``audit.parquet`` and
     ``audit_summary.csv`` (agreement of ``correct``/``candidate_correct`` with what the
     model writes).
+
+    ``fingerprint`` (``sampled`` or ``full``) is how checkpoint folders are fingerprinted
+    for the cache keys (see :func:`probeselect.checkpoints.fingerprint_checkpoint`).
+
+    Job arrays (see :mod:`probeselect._shards`): ``shard="I/N"`` scores only the I-th of N
+    disjoint blocks of work units into the shared ``out`` folder and writes
+    ``shards/shard-I-of-N.json`` instead of the final tables and manifest (no run lock; the
+    shard that completes the plan merges); ``merge=True`` writes the final tables from the
+    cache and refuses, naming the missing shards, unless every unit is cached.
     """
+    call_args = dict(locals())  # for the merge that the last shard runs
+    if shard is not None:
+        if merge:
+            raise UsageError("--shard and --merge exclude each other: run the shards, then one --merge.")
+        shard = _shards.parse_shard(shard)
     seeds = [int(s) for s in seeds]
     if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
         raise UsageError(f"--seeds: evaluation seeds must be distinct non-negative integers, got {seeds}.")
@@ -472,7 +490,7 @@ def score_checkpoints(
     if isinstance(checkpoints, (str, Path)):
         rejected: dict[str, str] = {}
         ckpts = discover_checkpoints(checkpoints, allow_tokenizer_mismatch=allow_tokenizer_mismatch,
-                                     errors=rejected if keep_going else None)
+                                     errors=rejected if keep_going else None, fingerprint=fingerprint)
         failed.update(rejected)
     else:
         ckpts = list(checkpoints)
@@ -508,6 +526,9 @@ def score_checkpoints(
         "generation": gen,
         "audit_items": audit_items,
         "audit_max_new_tokens": audit_max_new_tokens,
+        "fingerprint": fingerprint,
+        "shard": list(shard) if shard else None,
+        "merge": merge,
     }
     manifest = base_manifest("score", config)
     manifest.update(
@@ -531,7 +552,13 @@ def score_checkpoints(
         complete=[],
         failed=[{"checkpoint": n, "error": e} for n, e in failed.items()],
     )
-    writer = run_dir is not None and dist.is_main
+    # Work units planned up front: a merge checks them before touching the folder.
+    units: list[WorkUnit] = _plan_units(ckpts, items, fams, chunk_items, scoring_config, heldout_hash, gen,
+                                        audit_idx, audit_max_new_tokens)
+    own = _shards.owned_units(len(units), shard) if shard else None
+    if merge:  # refuses, naming the missing shards, unless every unit is cached
+        failed.update(_shards.check_merge(run_dir, units, ckpts, _cache_path, keep_going=keep_going))
+    writer = run_dir is not None and dist.is_main and shard is None  # a shard writes only its own record
     lock = None
     old_manifest = None
     if writer:
@@ -540,8 +567,9 @@ def score_checkpoints(
         except OSError as exc:
             raise UsageError(f"--out {run_dir}: cannot create the run folder ({exc.strerror}).") from None
         lock = RunLock(run_dir, error_cls=UsageError).acquire()
-    units: list[WorkUnit] = []
     try:
+        if shard and dist.is_main:
+            _shards.begin_shard(run_dir, shard, manifest, units, own, ckpts, _cache_path)
         if writer:
             old_manifest = _read_old_manifest(run_dir)
             previous = _previous_outputs(old_manifest)
@@ -563,6 +591,7 @@ def score_checkpoints(
             gen=gen, audit_idx=audit_idx, audit_max_new_tokens=audit_max_new_tokens, tokenizer=tokenizer,
             max_batch_tokens=max_batch_tokens, max_length=max_length, on_overflow=on_overflow,
             keep_going=keep_going, progress=progress, old_manifest=old_manifest, n_found=n_found,
+            shard=shard, own=own,
         )
     except KeyboardInterrupt:
         saved = _units_saved(run_dir, ckpts, units)
@@ -580,6 +609,10 @@ def score_checkpoints(
     finally:
         if lock is not None:
             lock.release()
+    if shard and res.manifest.get("merge_claimed"):
+        merged = score_checkpoints(**{**call_args, "shard": None, "merge": True})
+        merged.scored = res.scored  # this shard's model work
+        return merged
     return res
 
 
@@ -678,10 +711,9 @@ def _overflow_error(family: str, n_over: int, n: int, example: str, need: int, l
 def _score_run(ckpts, items, item_dicts, fams, specs, manifest, units, failed, *, run_dir, dist, dev, torch_dtype,
                scoring_config, chunk_items, heldout, heldout_texts, heldout_hash, heldout_stride, gen, audit_idx,
                audit_max_new_tokens, tokenizer, max_batch_tokens, max_length, on_overflow, keep_going, progress,
-               old_manifest, n_found) -> ScoreResult:
-    units.extend(_plan_units(ckpts, items, fams, chunk_items, scoring_config, heldout_hash, gen, audit_idx,
-                             audit_max_new_tokens))
-    mine = [units[i] for i in split_contiguous(len(units), dist.world_size, dist.rank)]
+               old_manifest, n_found, shard=None, own=None) -> ScoreResult:
+    pool = own if own is not None else range(len(units))
+    mine = [units[pool[i]] for i in split_contiguous(len(pool), dist.world_size, dist.rank)]
     encoded_by_tok: dict[Any, list[EncodedGroup]] = {}
     tokenizers: dict[Any, Any] = {}
     tok_override = Path(tokenizer) if tokenizer else None
@@ -714,7 +746,7 @@ def _score_run(ckpts, items, item_dicts, fams, specs, manifest, units, failed, *
                 n_cached += 1
             else:
                 todo.append((u, cache))
-        if not todo:
+        if not todo or ckpt.name in failed:  # (failed: recorded by a shard, merged with --keep-going)
             continue
         try:
             tok_key = "override" if tok_override else ckpt.tokenizer_hash or ckpt.name
@@ -797,6 +829,15 @@ def _score_run(ckpts, items, item_dicts, fams, specs, manifest, units, failed, *
         failed.update(f)
         scored_list.extend(sc)
         n_cached += nc
+    if shard:
+        rec, merge_now = _shards.finish_shard(run_dir, shard, manifest, units, own, ckpts, _cache_path,
+                                              failed=failed, scored=scored_list, dist=dist)
+        rec["merge_claimed"] = merge_now
+        scores = pd.concat([done[i] for i in sorted(done) if units[i].task == "spans"] or [pd.DataFrame()],
+                           ignore_index=True)
+        return ScoreResult(items=pd.DataFrame(item_dicts), scores=scores, summary=pd.DataFrame(), manifest=rec,
+                           run_dir=run_dir, scored=[c.name for c in ckpts if c.name in set(scored_list)],
+                           failed=dict(failed), n_checkpoints=n_found, units_total=len(own), units_cached=n_cached)
     missing = [u for i, u in enumerate(units) if i not in done and ckpts[u.ckpt_index].name not in failed]
     if missing:  # cannot happen unless a rank died silently; never present partial results
         raise RuntimeError(f"{len(missing)} work units produced no result")
