@@ -17,6 +17,9 @@ the scored tokens are not the candidate's.
 The LM head is applied only at the positions that score a continuation token (the last
 context position and the continuation positions, minus the last), never to the whole
 sequence, and log-softmax is taken in float32.
+
+:func:`score_groups` runs each prompt once for all its candidates, and runs a token prefix
+shared by many prompts (fixed demonstrations) once for all of them (:func:`prefix_clusters`).
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ import torch
 
 from .errors import ScoringError
 
-__all__ = ["EncodedPair", "SpanScore", "encode_pair", "score_pairs"]
+__all__ = ["EncodedGroup", "EncodedPair", "SpanScore", "encode_pair", "group_pairs", "prefix_clusters", "score_groups",
+           "score_pairs"]
 
 
 @dataclass(frozen=True)
