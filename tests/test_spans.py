@@ -228,3 +228,30 @@ def test_prefix_reuse_halves_the_batch_on_out_of_memory(final_model, arith_spec,
     got = score_groups(model, groups, max_batch_tokens=64)
     assert 1 in seen
     assert max(abs(a.logprob - b.logprob) for a, b in zip(_flat(got), _flat(ref))) <= 1e-4
+
+
+def test_prefix_reuse_flags_reach_the_scorer(tiny_ladder, monkeypatch, tmp_path):
+    """`probeselect score --no-prefix-reuse --max-prefix-cache-tokens N` reaches score_groups;
+    a non-positive bound is a usage error."""
+    from probeselect import score as score_mod
+    from probeselect.cli import build_parser, main
+    from probeselect.errors import UsageError
+
+    args = build_parser().parse_args(["score", "X", "--probes", "p.yaml"])
+    assert args.no_prefix_reuse is False and args.max_prefix_cache_tokens == 32768
+    seen = []
+    real = score_mod.score_groups
+
+    def spy(*a, **kw):
+        seen.append((kw["prefix_reuse"], kw["max_prefix_cache_tokens"]))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(score_mod, "score_groups", spy)
+    ckpt = sorted(p for p in tiny_ladder.iterdir() if p.name.startswith("checkpoint-"))[0]
+    spec = tmp_path / "arith.yaml"
+    spec.write_text("family: arith_pattern\nn_items: 2\nn_demos: 2\n")
+    rc = main(["score", str(ckpt), "--probes", str(spec), "--seeds", "0", "--out", str(tmp_path / "run"),
+               "--no-prefix-reuse", "--max-prefix-cache-tokens", "77", "--no-progress", "--audit-items", "0"])
+    assert rc == 0 and seen and set(seen) == {(False, 77)}
+    with pytest.raises(UsageError, match="max-prefix-cache-tokens"):
+        score_mod.score_checkpoints(str(ckpt), [str(spec)], max_prefix_cache_tokens=0)

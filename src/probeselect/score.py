@@ -573,6 +573,7 @@ def score_checkpoints(
             gen=gen, audit_idx=audit_idx, audit_max_new_tokens=audit_max_new_tokens, tokenizer=tokenizer,
             max_batch_tokens=max_batch_tokens, max_length=max_length, on_overflow=on_overflow,
             keep_going=keep_going, progress=progress, old_manifest=old_manifest, n_found=n_found,
+            prefix_reuse=prefix_reuse, max_prefix_cache_tokens=max_prefix_cache_tokens,
         )
     except KeyboardInterrupt:
         saved = _units_saved(run_dir, ckpts, units)
@@ -688,7 +689,8 @@ def _overflow_error(family: str, n_over: int, n: int, example: str, need: int, l
 def _score_run(ckpts, items, item_dicts, fams, specs, manifest, units, failed, *, run_dir, dist, dev, torch_dtype,
                scoring_config, chunk_items, heldout, heldout_texts, heldout_hash, heldout_stride, gen, audit_idx,
                audit_max_new_tokens, tokenizer, max_batch_tokens, max_length, on_overflow, keep_going, progress,
-               old_manifest, n_found) -> ScoreResult:
+               old_manifest, n_found, prefix_reuse=True,
+               max_prefix_cache_tokens=DEFAULT_MAX_PREFIX_CACHE_TOKENS) -> ScoreResult:
     units.extend(_plan_units(ckpts, items, fams, chunk_items, scoring_config, heldout_hash, gen, audit_idx,
                              audit_max_new_tokens))
     mine = [units[i] for i in split_contiguous(len(units), dist.world_size, dist.rank)]
