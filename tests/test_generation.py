@@ -383,3 +383,38 @@ def test_summarize_audit_hand_computed():
     # no correct items -> NaN conditional rate
     s3 = summarize_audit(audit, scores.assign(correct=False))
     assert math.isnan(s3.iloc[0].p_task_given_correct) and s3.iloc[0].agree_correct == pytest.approx(3 / 6)
+
+
+def test_samples_do_not_depend_on_batch_composition(random_model, tok):
+    """Sample j of prompt i is the same whatever the prompt batch, the decode-row cap and
+    the compaction threshold (per-(seed, item) generators, pre-drawn uniforms)."""
+    kw = dict(n=12, max_new_tokens=6, temperature=1.0, seed=3)
+    seeds = [101, 202, 303, 404]
+    ref = sample_generations(random_model, tok, PROMPTS[:4], batch_prompts=8, prompt_seeds=seeds, **kw)
+    for batch_prompts, max_rows, compact in ((1, None, 0.25), (3, 7, 0.5), (2, 1, 1.0)):
+        got = sample_generations(random_model, tok, PROMPTS[:4], batch_prompts=batch_prompts, max_rows=max_rows,
+                                 compact_fraction=compact, prompt_seeds=seeds, **kw)
+        assert got == ref
+    # a prompt keeps its samples in another list (same prompt seed), alone or reordered
+    alone = sample_generations(random_model, tok, [PROMPTS[2]], prompt_seeds=[303], **kw)
+    assert alone[0] == ref[2]
+    swapped = sample_generations(random_model, tok, PROMPTS[:4][::-1], prompt_seeds=seeds[::-1], **kw)
+    assert swapped[::-1] == ref
+
+
+def test_sampling_progress_bar_and_object(random_model, tok):
+    class Bar:
+        def __init__(self):
+            self.n, self.postfix = 0, None
+
+        def update(self, k):
+            self.n += k
+
+        def set_postfix_str(self, s):
+            self.postfix = s
+
+    bar = Bar()
+    out = sample_generations(random_model, tok, PROMPTS[:3], n=5, max_new_tokens=3, batch_prompts=2, progress=bar)
+    assert bar.n == 3 and bar.postfix.endswith("samples/s")  # one update per prompt
+    assert sample_generations(random_model, tok, PROMPTS[:3], n=5, max_new_tokens=3, batch_prompts=2,
+                              progress=True) == out  # own tqdm bar (samples/s, ETA); same samples

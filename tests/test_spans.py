@@ -109,3 +109,149 @@ def test_out_of_memory_halves_the_batch(final_model, arith_spec, monkeypatch):
     assert seen[:3] == [len(groups), len(groups) // 2, len(groups) // 4]  # halved until it fits
     torch.testing.assert_close(torch.tensor([s.logprob for g in got for s in g]),
                                torch.tensor([s.logprob for g in ref for s in g]), rtol=0, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------
+# Cross-item prefix reuse
+# ---------------------------------------------------------------------------
+
+
+def _shared_demo_groups(tok, arith_spec, max_length=None):
+    """Items of two shared demonstration blocks (two 'seeds'), items with no shared prefix,
+    a prompt that is a prefix of another, and (with ``max_length``) left-truncated prompts."""
+    from probeselect.spans import group_pairs
+
+    items = generate_items(arith_spec, [0, 1])
+    demos_a = "".join(f"{a} + {b} = {a + b}\n" for a, b in [(12, 7), (30, 41), (5, 5), (66, 21), (8, 13), (44, 40)])
+    demos_b = "".join(f"{a} + {b} = {a + b}\n" for a, b in [(3, 9), (71, 2), (19, 19), (50, 25), (9, 80), (17, 6)])
+    prompts = []
+    for demos in (demos_a, demos_b):
+        prompts += [demos + f"{a} + {b} = " for a, b in [(1, 2), (10, 20), (33, 44), (7, 70), (2, 29)]]
+    prompts.append(demos_a)  # the shared block itself is a whole prompt (suffix of one token)
+    prompts += [it.prompt for it in items]  # per-item resampled demos: no long shared prefix
+    if max_length is not None:
+        prompts += [demos_a * 3 + "5 + 6 = ", demos_a * 3 + "8 + 1 = "]  # share a prefix, but truncated
+    groups = [group_pairs([encode_pair(tok, p, c) for c in (" 11", " 42", " 7 apples")]) for p in prompts]
+    order = torch.randperm(len(groups), generator=torch.Generator().manual_seed(0)).tolist()
+    return [groups[i] for i in order]  # mixed in one unit, in no particular order
+
+
+def _flat(res):
+    return [s for g in res for s in g]
+
+
+def test_prefix_reuse_equals_unshared(final_model, arith_spec, monkeypatch):
+    """Reuse on and off give the same log-probs (1e-4 nats), token counts and greedy flags,
+    with several shared-prefix clusters and unshared items mixed in one call; the shared
+    prefixes are run once each (a one-row decoder call per cluster)."""
+    from probeselect.spans import prefix_clusters, score_groups
+
+    model, tok = final_model
+    assert tok("x")["input_ids"][0] == tok.bos_token_id  # the toy tokenizer prepends BOS
+    groups = _shared_demo_groups(tok, arith_spec)
+    clusters = prefix_clusters([g.context_ids for g in groups], range(len(groups)))
+    sizes = sorted(len(m) for _, m in clusters)
+    assert sizes == [5, 6] and all(n >= 32 for n, _ in clusters)
+    ref = score_groups(model, groups, prefix_reuse=False)
+    decoder = model.get_decoder()
+    real_forward = decoder.forward
+    calls = []
+
+    def spy(*args, **kw):
+        cache = kw.get("cache", kw.get("past_key_values"))
+        calls.append((tuple(kw["input_ids"].shape), cache is not None, cache is not None and not cache.serving))
+        return real_forward(*args, **kw)
+
+    monkeypatch.setattr(decoder, "forward", spy)
+    for budget, cache_tokens in ((8192, 32768), (64, 32768), (8192, 200), (100_000, 10)):
+        calls.clear()
+        got = score_groups(model, groups, max_batch_tokens=budget, max_prefix_cache_tokens=cache_tokens)
+        delta = max(abs(a.logprob - b.logprob) for a, b in zip(_flat(got), _flat(ref)))
+        assert delta <= 1e-4, (budget, cache_tokens, delta)
+        assert [(s.n_tokens, s.is_greedy) for s in _flat(got)] == [(s.n_tokens, s.is_greedy) for s in _flat(ref)]
+        prefix_passes = [shape for shape, _, recording in calls if recording]
+        if cache_tokens >= 200:
+            assert len(prefix_passes) == 2 and all(s[0] == 1 and s[1] >= 32 for s in prefix_passes), calls
+        else:  # the prefixes exceed the bound: no reuse, the unshared path only
+            assert not any(cached for _, cached, _ in calls)
+
+
+def test_prefix_reuse_skips_left_truncated_prompts(final_model, arith_spec):
+    from probeselect.spans import score_groups
+
+    model, tok = final_model
+    groups = _shared_demo_groups(tok, arith_spec, max_length=120)
+    assert any(len(g.context_ids) > 120 for g in groups)
+    ref = score_groups(model, groups, max_length=120, prefix_reuse=False)
+    got = score_groups(model, groups, max_length=120)
+    assert max(abs(a.logprob - b.logprob) for a, b in zip(_flat(got), _flat(ref))) <= 1e-4
+    assert [s.is_greedy for s in _flat(got)] == [s.is_greedy for s in _flat(ref)]
+
+
+def test_prefix_clusters_split_only_when_it_saves_more():
+    from probeselect.spans import prefix_clusters
+
+    base = list(range(100, 140))  # 40 tokens shared by all
+    a = [base + list(range(200, 300)) + [k] for k in range(3)]  # 140 shared within a
+    b = [base + list(range(300, 400)) + [k, k] for k in range(3)]
+    lone = [[1, 2, 3] + [k] * 50 for k in range(2)]  # share 3 tokens only
+    ctxs = a + b + lone
+    got = prefix_clusters(ctxs, range(len(ctxs)))
+    assert sorted((n, m) for n, m in got) == [(140, [0, 1, 2]), (140, [3, 4, 5])]
+    # one long-prefix pair and many items sharing only the 40-token block: the block wins
+    ctxs = a[:2] + [base + [k] * 5 for k in range(10)]
+    assert prefix_clusters(ctxs, range(len(ctxs))) == [(40, list(range(12)))]
+    # a whole context that is a prefix of another keeps one token of its own
+    assert prefix_clusters([base, base + [7, 8]], [0, 1]) == [(39, [0, 1])]
+    assert prefix_clusters([base, base], [0, 1], min_shared=40) == []
+    assert prefix_clusters(ctxs, []) == []
+
+
+def test_prefix_reuse_halves_the_batch_on_out_of_memory(final_model, arith_spec, monkeypatch):
+    from probeselect.spans import score_groups
+
+    model, tok = final_model
+    groups = _shared_demo_groups(tok, arith_spec)
+    ref = score_groups(model, groups, prefix_reuse=False)
+    decoder = model.get_decoder()
+    real_forward = decoder.forward
+    seen = []
+
+    def flaky(*args, **kw):
+        rows = kw["input_ids"].shape[0]
+        seen.append(rows)
+        if rows > 1 and kw["input_ids"].shape[1] < 32:  # the shared batches (short suffix rows)
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real_forward(*args, **kw)
+
+    monkeypatch.setattr(decoder, "forward", flaky)
+    got = score_groups(model, groups, max_batch_tokens=64)
+    assert 1 in seen
+    assert max(abs(a.logprob - b.logprob) for a, b in zip(_flat(got), _flat(ref))) <= 1e-4
+
+
+def test_prefix_reuse_flags_reach_the_scorer(tiny_ladder, monkeypatch, tmp_path):
+    """`probeselect score --no-prefix-reuse --max-prefix-cache-tokens N` reaches score_groups;
+    a non-positive bound is a usage error."""
+    from probeselect import score as score_mod
+    from probeselect.cli import build_parser, main
+    from probeselect.errors import UsageError
+
+    args = build_parser().parse_args(["score", "X", "--probes", "p.yaml"])
+    assert args.no_prefix_reuse is False and args.max_prefix_cache_tokens == 32768
+    seen = []
+    real = score_mod.score_groups
+
+    def spy(*a, **kw):
+        seen.append((kw["prefix_reuse"], kw["max_prefix_cache_tokens"]))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(score_mod, "score_groups", spy)
+    ckpt = sorted(p for p in tiny_ladder.iterdir() if p.name.startswith("checkpoint-"))[0]
+    spec = tmp_path / "arith.yaml"
+    spec.write_text("family: arith_pattern\nn_items: 2\nn_demos: 2\n")
+    rc = main(["score", str(ckpt), "--probes", str(spec), "--seeds", "0", "--out", str(tmp_path / "run"),
+               "--no-prefix-reuse", "--max-prefix-cache-tokens", "77", "--no-progress", "--audit-items", "0"])
+    assert rc == 0 and seen and set(seen) == {(False, 77)}
+    with pytest.raises(UsageError, match="max-prefix-cache-tokens"):
+        score_mod.score_checkpoints(str(ckpt), [str(spec)], max_prefix_cache_tokens=0)

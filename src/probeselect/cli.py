@@ -55,6 +55,8 @@ def _cmd_score(args: argparse.Namespace) -> int:
         device=args.device,
         max_batch_tokens=args.max_batch_tokens,
         max_length=args.max_length,
+        prefix_reuse=not args.no_prefix_reuse,
+        max_prefix_cache_tokens=args.max_prefix_cache_tokens,
         tokenizer=args.tokenizer,
         allow_tokenizer_mismatch=args.allow_tokenizer_mismatch,
         keep_going=args.keep_going,
@@ -230,6 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="auto", help=DEVICE_HELP)
     s.add_argument("--max-batch-tokens", type=int, default=8192,
                    help="padded tokens per forward pass; halves automatically on out-of-memory (default 8192)")
+    s.add_argument("--no-prefix-reuse", action="store_true",
+                   help="run every prompt in full; by default prompts of a work unit that share a token prefix of "
+                        ">= 32 tokens (e.g. fixed demonstrations) run that prefix once and reuse its KV cache")
+    s.add_argument("--max-prefix-cache-tokens", type=int, default=32768, metavar="N",
+                   help="bound on shared-prefix KV tokens expanded at once (rows x prefix length); a longer "
+                        "prefix is scored without reuse (default 32768)")
     s.add_argument("--chunk-items", type=int, default=1024,
                    help="items per work unit, the grain of caching, resuming and multi-process sharding (default 1024)")
     s.add_argument("--heldout", default=None, metavar="FILE",

@@ -32,6 +32,7 @@ import inspect
 import math
 import re
 import string
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from statistics import NormalDist
@@ -270,8 +271,11 @@ def sample_generations(
 
     ``temperature=0`` is greedy decoding (all ``n`` samples are identical). Sample ``j`` of
     prompt ``i`` is determined by ``(seed, i)`` — or by ``prompt_seeds[i]`` when given, so
-    that a prompt keeps its samples whatever else is in the list. ``progress`` is an
-    optional tqdm-like object updated once per prompt.
+    that a prompt keeps its samples whatever else is in the list.
+
+    ``progress``: None/False (silent); True (a tqdm bar counting samples, with samples/s
+    and ETA, closed on return); or a tqdm-like object, updated once per finished prompt
+    (its postfix, when it has ``set_postfix_str``, shows the sample rate).
     """
     if n < 1 or max_new_tokens < 1 or batch_prompts < 1:
         raise ValueError("n, max_new_tokens and batch_prompts must be >= 1")
@@ -303,57 +307,72 @@ def sample_generations(
     order = sorted(range(len(prompts)), key=lambda i: (-len(encoded[i]), i))
     results: list[list[Generation] | None] = [None] * len(prompts)
     stop_mask = None
-    for start in range(0, len(order), batch_prompts):
-        idx = order[start : start + batch_prompts]
-        P, width = len(idx), max(len(encoded[i]) for i in idx)
-        ids = torch.full((P, width), int(pad_id), dtype=torch.long)
-        mask = torch.zeros((P, width), dtype=torch.long)
-        for r, i in enumerate(idx):
-            L = len(encoded[i])
-            ids[r, width - L :] = torch.tensor(encoded[i], dtype=torch.long)
-            mask[r, width - L :] = 1
-        pos = (mask.cumsum(-1) - 1).clamp_(min=0)
-        ids, mask, pos = ids.to(device), mask.to(device), pos.to(device)
-        # the shared prefill: each prompt's tokens go through the model once
-        cache = _new_cache(model)
-        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
-                    **{cache_kw: cache}, **keep_last)
-        last = out.logits[:, -1, :]
-        del out
-        if stop_mask is None:
-            stop_mask = _stop_token_mask(tokenizer, last.shape[-1], device)
-        lengths = mask.sum(-1)
-        uniforms = None
-        if temperature != 0:
-            uniforms = torch.empty((P, max_new_tokens, n), dtype=torch.float32)
+    own_bar = progress is True
+    if own_bar:
+        from tqdm.auto import tqdm
+
+        progress = tqdm(total=len(prompts) * n, desc="sampling", unit="sample", leave=False)
+    elif progress is False:
+        progress = None
+    t_start, n_done = time.perf_counter(), 0
+    try:
+        for start in range(0, len(order), batch_prompts):
+            idx = order[start : start + batch_prompts]
+            P, width = len(idx), max(len(encoded[i]) for i in idx)
+            ids = torch.full((P, width), int(pad_id), dtype=torch.long)
+            mask = torch.zeros((P, width), dtype=torch.long)
             for r, i in enumerate(idx):
-                s = int(prompt_seeds[i]) & ((1 << 63) - 1) if prompt_seeds is not None else _derived_seed(seed, i)
-                uniforms[r] = torch.rand((max_new_tokens, n), generator=torch.Generator().manual_seed(s))
-        rows_p = torch.arange(P).repeat_interleave(n_rows)
-        rows_s = torch.arange(n_rows).repeat(P)
-        chunk = max_rows or _auto_max_rows(model, cache, P, width, max_new_tokens, device) or len(rows_p)
-        toks_all: list[list[int]] = []
-        reason_all: list[str | None] = []
-        for c0 in range(0, len(rows_p), chunk):
-            rp, rs = rows_p[c0 : c0 + chunk], rows_s[c0 : c0 + chunk]
-            # the last (or only) chunk expands the prefill cache itself, earlier ones a copy
-            c_cache = cache if c0 + chunk >= len(rows_p) else copy.deepcopy(cache)
-            rp_d = rp.to(device)
-            c_cache.batch_select_indices(rp_d)  # expand: each prompt's row repeated per sample
-            toks, reason = _decode_rows(
-                model, c_cache, cache_kw, last[rp_d], mask[rp_d], lengths[rp_d], rp, rs, uniforms,
-                temperature=temperature, max_new_tokens=max_new_tokens, stop_mask=stop_mask, eos=eos,
-                compact_fraction=compact_fraction,
-            )
-            toks_all.extend(toks)
-            reason_all.extend(reason)
-            del c_cache
-        del cache
-        for r, i in enumerate(idx):
-            gens = [_finish(tokenizer, toks_all[r * n_rows + j], reason_all[r * n_rows + j]) for j in range(n_rows)]
-            results[i] = gens if n_rows == n else gens * n
-            if progress is not None:
-                progress.update(1)
+                L = len(encoded[i])
+                ids[r, width - L :] = torch.tensor(encoded[i], dtype=torch.long)
+                mask[r, width - L :] = 1
+            pos = (mask.cumsum(-1) - 1).clamp_(min=0)
+            ids, mask, pos = ids.to(device), mask.to(device), pos.to(device)
+            # the shared prefill: each prompt's tokens go through the model once
+            cache = _new_cache(model)
+            out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                        **{cache_kw: cache}, **keep_last)
+            last = out.logits[:, -1, :]
+            del out
+            if stop_mask is None:
+                stop_mask = _stop_token_mask(tokenizer, last.shape[-1], device)
+            lengths = mask.sum(-1)
+            uniforms = None
+            if temperature != 0:
+                uniforms = torch.empty((P, max_new_tokens, n), dtype=torch.float32)
+                for r, i in enumerate(idx):
+                    s = int(prompt_seeds[i]) & ((1 << 63) - 1) if prompt_seeds is not None else _derived_seed(seed, i)
+                    uniforms[r] = torch.rand((max_new_tokens, n), generator=torch.Generator().manual_seed(s))
+            rows_p = torch.arange(P).repeat_interleave(n_rows)
+            rows_s = torch.arange(n_rows).repeat(P)
+            chunk = max_rows or _auto_max_rows(model, cache, P, width, max_new_tokens, device) or len(rows_p)
+            toks_all: list[list[int]] = []
+            reason_all: list[str | None] = []
+            for c0 in range(0, len(rows_p), chunk):
+                rp, rs = rows_p[c0 : c0 + chunk], rows_s[c0 : c0 + chunk]
+                # the last (or only) chunk expands the prefill cache itself, earlier ones a copy
+                c_cache = cache if c0 + chunk >= len(rows_p) else copy.deepcopy(cache)
+                rp_d = rp.to(device)
+                c_cache.batch_select_indices(rp_d)  # expand: each prompt's row repeated per sample
+                toks, reason = _decode_rows(
+                    model, c_cache, cache_kw, last[rp_d], mask[rp_d], lengths[rp_d], rp, rs, uniforms,
+                    temperature=temperature, max_new_tokens=max_new_tokens, stop_mask=stop_mask, eos=eos,
+                    compact_fraction=compact_fraction,
+                )
+                toks_all.extend(toks)
+                reason_all.extend(reason)
+                del c_cache
+            del cache
+            for r, i in enumerate(idx):
+                gens = [_finish(tokenizer, toks_all[r * n_rows + j], reason_all[r * n_rows + j]) for j in range(n_rows)]
+                results[i] = gens if n_rows == n else gens * n
+                if progress is not None:
+                    progress.update(n if own_bar else 1)
+            n_done += P * n
+            if progress is not None and not own_bar and hasattr(progress, "set_postfix_str"):
+                progress.set_postfix_str(f"{n_done / max(time.perf_counter() - t_start, 1e-9):.0f} samples/s")
+    finally:
+        if own_bar:
+            progress.close()
     return results  # type: ignore[return-value]
 
 

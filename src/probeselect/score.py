@@ -53,7 +53,7 @@ from .generation import (
 from .probes import FamilySpec, ProbeItem, generate_items, get_family, load_spec
 from ._dist import dist_context, split_contiguous
 from . import _shards
-from .spans import EncodedGroup, _model_max_length, encode_pair, group_pairs, score_groups
+from .spans import DEFAULT_MAX_PREFIX_CACHE_TOKENS, EncodedGroup, _model_max_length, encode_pair, group_pairs, score_groups
 from .tables import summarize_scores
 
 __all__ = ["ScoreResult", "score_checkpoints", "resolve_device", "resolve_dtype", "load_model", "load_tokenizer",
@@ -319,12 +319,14 @@ def _cache_path(run_dir: Path, ckpt: Checkpoint, unit: WorkUnit) -> Path:
 
 
 def _score_unit(ckpt: Checkpoint, model, items, encoded, truncated, *, max_batch_tokens, max_length, device,
-                progress) -> pd.DataFrame:
+                progress, prefix_reuse: bool = True,
+                max_prefix_cache_tokens: int = DEFAULT_MAX_PREFIX_CACHE_TOKENS) -> pd.DataFrame:
     bar = tqdm(total=len(items), desc=f"  {ckpt.name} {items[0].family if items else ''}", unit="item", leave=False,
                disable=not progress)
     try:
         spans = score_groups(model, encoded, max_batch_tokens=max_batch_tokens, max_length=max_length,
-                             device=device, progress=bar)
+                             device=device, progress=bar, prefix_reuse=prefix_reuse,
+                             max_prefix_cache_tokens=max_prefix_cache_tokens)
     finally:
         bar.close()
     rows = []
@@ -388,6 +390,8 @@ def score_checkpoints(
     device: str = "auto",
     max_batch_tokens: int = 8192,
     max_length: int | None = None,
+    prefix_reuse: bool = True,
+    max_prefix_cache_tokens: int = DEFAULT_MAX_PREFIX_CACHE_TOKENS,
     tokenizer: str | Path | None = None,
     allow_tokenizer_mismatch: bool = False,
     keep_going: bool = False,
@@ -406,7 +410,9 @@ def score_checkpoints(
 
     ``checkpoints`` is a directory (see :func:`discover_checkpoints`) or a list of
     :class:`Checkpoint`; ``probes`` are spec files or :class:`FamilySpec` objects.
-    Margins are in nats. Work is split into (checkpoint, family, item-chunk) units; with
+    Margins are in nats. Within a unit, prompts sharing a token prefix of >= 32 tokens
+    (fixed demonstrations) run it once (``prefix_reuse``; see :func:`spans.score_groups`,
+    bounded by ``max_prefix_cache_tokens``). Work is split into (checkpoint, family, item-chunk) units; with
     ``out`` each finished unit is cached, so a re-run (or a run resumed after a kill)
     scores only what is missing. Launched under ``accelerate launch``/``torchrun`` the
     units are sharded across processes and every rank returns the same tables; rank 0
@@ -450,6 +456,8 @@ def score_checkpoints(
         raise UsageError(f"--max-length must be at least 2 tokens, got {max_length}.")
     if on_overflow not in ("error", "truncate"):
         raise UsageError(f"--on-overflow must be 'error' or 'truncate', got {on_overflow!r}.")
+    if max_prefix_cache_tokens < 1:
+        raise UsageError("--max-prefix-cache-tokens must be a positive number of tokens.")
     if not probes:
         raise ProbeSpecError("no probe specs given; pass at least one, e.g. --probes probes/arith_pattern.yaml.")
     run_dir = Path(out) if out is not None else None
@@ -515,6 +523,8 @@ def score_checkpoints(
         "device": str(dev),
         "world_size": dist.world_size,
         "max_batch_tokens": max_batch_tokens,
+        "prefix_reuse": prefix_reuse,
+        "max_prefix_cache_tokens": max_prefix_cache_tokens,
         "max_length": max_length,
         "on_overflow": on_overflow,
         "chunk_items": chunk_items,
@@ -592,6 +602,7 @@ def score_checkpoints(
             max_batch_tokens=max_batch_tokens, max_length=max_length, on_overflow=on_overflow,
             keep_going=keep_going, progress=progress, old_manifest=old_manifest, n_found=n_found,
             shard=shard, own=own,
+            prefix_reuse=prefix_reuse, max_prefix_cache_tokens=max_prefix_cache_tokens,
         )
     except KeyboardInterrupt:
         saved = _units_saved(run_dir, ckpts, units)
@@ -711,7 +722,8 @@ def _overflow_error(family: str, n_over: int, n: int, example: str, need: int, l
 def _score_run(ckpts, items, item_dicts, fams, specs, manifest, units, failed, *, run_dir, dist, dev, torch_dtype,
                scoring_config, chunk_items, heldout, heldout_texts, heldout_hash, heldout_stride, gen, audit_idx,
                audit_max_new_tokens, tokenizer, max_batch_tokens, max_length, on_overflow, keep_going, progress,
-               old_manifest, n_found, shard=None, own=None) -> ScoreResult:
+               old_manifest, n_found, shard=None, own=None, prefix_reuse=True,
+               max_prefix_cache_tokens=DEFAULT_MAX_PREFIX_CACHE_TOKENS) -> ScoreResult:
     pool = own if own is not None else range(len(units))
     mine = [units[pool[i]] for i in split_contiguous(len(pool), dist.world_size, dist.rank)]
     encoded_by_tok: dict[Any, list[EncodedGroup]] = {}
@@ -803,7 +815,8 @@ def _score_run(ckpts, items, item_dicts, fams, specs, manifest, units, failed, *
                         raise _overflow_error(u.family, len(over), e - s, f"item {it.item_id} (seed {it.seed})",
                                               need, limit)
                     part = _score_unit(ckpt, model, items[s:e], enc, trunc, max_batch_tokens=max_batch_tokens,
-                                       max_length=max_length, device=dev, progress=progress)
+                                       max_length=max_length, device=dev, progress=progress,
+                                       prefix_reuse=prefix_reuse, max_prefix_cache_tokens=max_prefix_cache_tokens)
                 if cache is not None:
                     atomic_write_parquet(cache, part)
                 done[unit_index[u]] = part

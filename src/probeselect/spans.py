@@ -17,18 +17,22 @@ the scored tokens are not the candidate's.
 The LM head is applied only at the positions that score a continuation token (the last
 context position and the continuation positions, minus the last), never to the whole
 sequence, and log-softmax is taken in float32.
+
+:func:`score_groups` runs each prompt once for all its candidates, and runs a token prefix
+shared by many prompts (fixed demonstrations) once for all of them (:func:`prefix_clusters`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
 
 from .errors import ScoringError
 
-__all__ = ["EncodedPair", "SpanScore", "encode_pair", "score_pairs"]
+__all__ = ["EncodedGroup", "EncodedPair", "SpanScore", "encode_pair", "group_pairs", "prefix_clusters", "score_groups",
+           "score_pairs"]
 
 
 @dataclass(frozen=True)
@@ -212,52 +216,260 @@ def _packing_mode(model) -> str | None:
     return None  # flash/flex/paged kernels take no arbitrary 4D mask
 
 
-def _pack_group(g: EncodedGroup, max_length: int):
-    """Token ids, position ids, segment ids and scoring targets for one packed row.
+@dataclass
+class _Row:
+    """One packed input row: token ids, position ids, and for every token the group it
+    belongs to (``item``, -1 for padding) and its segment in that group (0 = context,
+    ``j + 1`` = candidate ``j``); ``targets`` are ``(column, target token, group, j)``."""
 
-    Layout: ``context + cand_1[:-1] + cand_2[:-1] + ...``. Segment 0 is the context;
-    candidate ``j`` is segment ``j+1`` and sees the context plus its own earlier tokens.
-    Positions restart after the context for every candidate, so each candidate sees
-    exactly the positions it would see alone. Contexts are truncated from the left so
-    that the longest candidate fits in ``max_length`` (lm-eval's rule for that candidate).
+    ids: list[int] = field(default_factory=list)
+    pos: list[int] = field(default_factory=list)
+    item: list[int] = field(default_factory=list)
+    seg: list[int] = field(default_factory=list)
+    targets: list[tuple[int, int, int, int]] = field(default_factory=list)
+    groups: list[int] = field(default_factory=list)
+
+
+def _item_width(ctx_len: int, g: EncodedGroup) -> int:
+    return ctx_len + sum(len(c) - 1 for c in g.continuations)
+
+
+def _append_group(row: _Row, gi: int, ctx: Sequence[int], g: EncodedGroup, pos0: int) -> None:
+    """Append ``ctx + cand_1[:-1] + cand_2[:-1] + ...`` of group ``gi`` to ``row``.
+
+    ``ctx`` is the (possibly truncated, or prefix-stripped) context and ``pos0`` the
+    position of its first token. Candidate ``j`` sees the context plus its own earlier
+    tokens; positions restart after the context for every candidate, so each candidate
+    sees exactly the positions it would see alone.
     """
-    longest = max(len(c) for c in g.continuations)
-    keep = max(1, max_length + 1 - longest)
-    ctx = list(g.context_ids[-keep:])
     p = len(ctx)
-    ids, pos, seg = list(ctx), list(range(p)), [0] * p
-    # targets: (index of predicting position in the row, target token, candidate j)
-    targets: list[tuple[int, int, int]] = []
+    row.groups.append(gi)
+    row.ids.extend(ctx)
+    row.pos.extend(range(pos0, pos0 + p))
+    row.item.extend([gi] * p)
+    row.seg.extend([0] * p)
+    last_ctx = len(row.ids) - 1
     for j, cont in enumerate(g.continuations):
-        targets.append((p - 1, cont[0], j))
+        row.targets.append((last_ctx, cont[0], gi, j))
         for t, tok in enumerate(cont[:-1]):
-            targets.append((len(ids), cont[t + 1], j))
-            ids.append(tok)
-            pos.append(p + t)
-            seg.append(j + 1)
-    return ids, pos, seg, p, targets
+            row.targets.append((len(row.ids), cont[t + 1], gi, j))
+            row.ids.append(tok)
+            row.pos.append(pos0 + p + t)
+            row.item.append(gi)
+            row.seg.append(j + 1)
 
 
-def _build_mask(segs: list[list[int]], ctx_lens: list[int], width: int, mode: str, dtype, device):
-    n = len(segs)
+def _kept_context(g: EncodedGroup, max_length: int) -> int:
+    """Context tokens kept: contexts are truncated from the left so that the longest
+    candidate fits in ``max_length`` (lm-eval's rule for that candidate)."""
+    longest = max(len(c) for c in g.continuations)
+    return min(len(g.context_ids), max(1, max_length + 1 - longest))
+
+
+def _rows_mask(rows: Sequence[_Row], width: int, n_prefix: int, mode: str, dtype, device):
+    """Attention mask ``[rows, 1, width, n_prefix + width]`` for packed rows.
+
+    A token attends causally to the tokens of its own group that are in its own segment
+    or in the group's context; every query also sees the ``n_prefix`` shared-prefix keys
+    in front of the row. Padded queries attend to themselves (no NaN)."""
+    n = len(rows)
+    item = torch.full((n, width), -1, dtype=torch.long)
     seg = torch.full((n, width), -1, dtype=torch.long)
-    for r, s in enumerate(segs):
-        seg[r, : len(s)] = torch.tensor(s)
+    for r, row in enumerate(rows):
+        item[r, : len(row.item)] = torch.tensor(row.item)
+        seg[r, : len(row.seg)] = torch.tensor(row.seg)
     idx = torch.arange(width)
     causal = idx[None, :] <= idx[:, None]  # [q, k]
-    same = seg[:, :, None] == seg[:, None, :]  # [b, q, k]
-    in_ctx = idx[None, None, :] < torch.tensor(ctx_lens)[:, None, None]  # key is a context token
-    real_k = seg[:, None, :] >= 0
-    allowed = causal[None] & real_k & (same | in_ctx)
-    allowed |= torch.eye(width, dtype=torch.bool)[None]  # padded queries attend to themselves (no NaN)
+    same_item = item[:, :, None] == item[:, None, :]
+    real_k = (item >= 0)[:, None, :]
+    seg_ok = (seg[:, :, None] == seg[:, None, :]) | (seg == 0)[:, None, :]
+    allowed = causal[None] & real_k & same_item & seg_ok
+    allowed |= torch.eye(width, dtype=torch.bool)[None]
+    if n_prefix:
+        allowed = torch.cat([torch.ones((n, width, n_prefix), dtype=torch.bool), allowed], dim=-1)
     allowed = allowed[:, None].to(device)
     if mode == "bool":
         return allowed
     return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
+class _PrefixKV:
+    """A minimal KV cache for one shared prefix.
+
+    While ``serving`` is False it records each layer's keys and values of the prefix
+    (batch of 1). While serving, each layer's ``update`` returns the prefix keys/values
+    expanded along the batch dimension in front of the batch's own, and keeps nothing,
+    so at most one layer's expanded prefix is materialized at a time.
+    """
+
+    is_compileable = False
+
+    def __init__(self, n_tokens: int):
+        self.n_tokens = n_tokens
+        self.keys: dict[int, torch.Tensor] = {}
+        self.values: dict[int, torch.Tensor] = {}
+        self.serving = False
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        if not self.serving:
+            self.keys[layer_idx], self.values[layer_idx] = key_states, value_states
+            return key_states, value_states
+        b = key_states.shape[0]
+        k, v = self.keys[layer_idx], self.values[layer_idx]
+        return (torch.cat([k.expand(b, -1, -1, -1), key_states], dim=-2),
+                torch.cat([v.expand(b, -1, -1, -1), value_states], dim=-2))
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.n_tokens if self.serving else 0
+
+
+def _cache_kwarg(module) -> str | None:
+    """The forward() name of the KV cache argument (``cache`` in recent transformers,
+    ``past_key_values`` before), or None when the module takes none."""
+    import inspect
+
+    params = inspect.signature(type(module).forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    return None
+
+
+def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    k = 0
+    while k < n and a[k] == b[k]:
+        k += 1
+    return k
+
+
+def prefix_clusters(contexts: Sequence[Sequence[int]], candidates: Sequence[int], *,
+                    min_shared: int = 32) -> list[tuple[int, list[int]]]:
+    """Groups of contexts worth running behind one shared prefix.
+
+    ``candidates`` are indices into ``contexts``. The contexts are sorted by token ids, so
+    that contexts sharing a prefix are adjacent; a run of contexts whose adjacent common
+    prefixes are all >= ``min_shared`` tokens shares the shortest of them. A run is split
+    at its weakest links when the parts together save more prefix tokens
+    (``(members - 1) * shared length``, summed) than the run as a whole. The shared length
+    leaves every member at least one token of its own (the last context position predicts
+    the first candidate token). Returns ``(shared length, member indices)`` per cluster of
+    >= 2 members, members in input order.
+    """
+    order = sorted(candidates, key=lambda i: tuple(contexts[i]))
+    if len(order) < 2:
+        return []
+    links = [min(_lcp(contexts[a], contexts[b]), len(contexts[a]) - 1, len(contexts[b]) - 1)
+             for a, b in zip(order, order[1:])]
+
+    def best(lo: int, hi: int, depth: int) -> tuple[int, list[tuple[int, list[int]]]]:
+        # members order[lo:hi], links[lo:hi-1]
+        if hi - lo < 2:
+            return 0, []
+        m = min(links[lo : hi - 1])
+        own = (hi - lo - 1) * m if m >= min_shared else 0
+        whole = [(m, sorted(order[lo:hi]))] if own else []
+        if depth > 200:  # pathological chains of ever longer prefixes: stop refining
+            return own, whole
+        gain, parts, s = 0, [], lo
+        for k in range(lo, hi):
+            if k == hi - 1 or links[k] == m:
+                g, c = best(s, k + 1, depth + 1)
+                gain += g
+                parts.extend(c)
+                s = k + 1
+        return (own, whole) if own and own >= gain else (gain, parts)
+
+    if max(links) < min_shared:
+        return []
+    return best(0, len(order), 0)[1]
+
+
 def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+def _score_rows(model, rows: Sequence[_Row], acc: dict, *, budget: int, max_rows: int, prefix: _PrefixKV | None,
+                cache_kw: str | None, mode: str, dtype, pad_id: int, device, on_done) -> None:
+    """Run packed ``rows`` (longest first) in batches of at most ``budget`` padded tokens
+    and ``max_rows`` rows, behind ``prefix`` when given, and accumulate every target's
+    log-prob into ``acc[(group, j)] = [logprob, n_tokens, is_greedy]``. On out-of-memory
+    the rows per batch halve and the batch is retried. ``on_done(groups)`` is called after
+    each batch with the groups it completed."""
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
+    n_prefix = prefix.n_tokens if prefix is not None else 0
+    order = sorted(range(len(rows)), key=lambda r: -len(rows[r].ids))
+    start, cap = 0, max(1, max_rows)
+    while start < len(order):
+        width = len(rows[order[start]].ids)
+        n = max(1, min(cap, budget // max(width, 1)))
+        batch = [rows[r] for r in order[start : start + n]]
+        try:
+            ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+            pos = torch.zeros((len(batch), width), dtype=torch.long)
+            for r, row in enumerate(batch):
+                ids[r, : len(row.ids)] = torch.tensor(row.ids)
+                pos[r, : len(row.pos)] = torch.tensor(row.pos)
+            mask = _rows_mask(batch, width, n_prefix, mode, dtype, device)
+            kw = {cache_kw: prefix} if prefix is not None else {}
+            hidden = decoder(input_ids=ids.to(device), attention_mask=mask, position_ids=pos.to(device),
+                             **kw).last_hidden_state
+            # Unique scoring positions per row (the last context position is shared by all candidates).
+            rows_l, cols_l, tgt_rows, tgt_tokens, owners = [], [], [], [], []
+            for r, row in enumerate(batch):
+                where: dict[int, int] = {}
+                for col, tok, gi, j in row.targets:
+                    if col not in where:
+                        where[col] = len(rows_l)
+                        rows_l.append(r)
+                        cols_l.append(col)
+                    tgt_rows.append(where[col])
+                    tgt_tokens.append(tok)
+                    owners.append((gi, j))
+            logits = head(hidden[torch.tensor(rows_l, device=device), torch.tensor(cols_l, device=device)])
+            del hidden
+            logprobs = torch.log_softmax(logits.float(), dim=-1)
+            sel = logprobs[torch.tensor(tgt_rows, device=device)]
+            tgt = torch.tensor(tgt_tokens, device=device)
+            token_lp = sel.gather(-1, tgt[:, None])[:, 0].double().cpu().tolist()
+            greedy = (sel.argmax(-1) == tgt).cpu().tolist()
+        except (RuntimeError, torch.OutOfMemoryError) as exc:
+            if _is_oom(exc) and len(batch) > 1:
+                cap = max(1, len(batch) // 2)
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                continue
+            raise
+        for key, lp, gr in zip(owners, token_lp, greedy):
+            a = acc.setdefault(key, [0.0, 0, True])
+            a[0] += lp
+            a[1] += 1
+            a[2] = a[2] and gr
+        on_done([gi for row in batch for gi in row.groups])
+        start += len(batch)
+
+
+def _first_fit(widths: dict[int, int], target: int) -> list[list[int]]:
+    """Bins of group indices whose widths sum to at most ``target`` (first fit, widest first)."""
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for gi in sorted(widths, key=lambda g: (-widths[g], g)):
+        w = widths[gi]
+        for b in range(len(bins)):
+            if room[b] >= w:
+                bins[b].append(gi)
+                room[b] -= w
+                break
+        else:
+            bins.append([gi])
+            room.append(max(target, w) - w)
+    return bins
+
+
+#: Shared prefixes shorter than this many tokens are not worth a separate prefix pass.
+MIN_SHARED_PREFIX = 32
+#: Default bound on prefix KV tokens held at once (rows x prefix length).
+DEFAULT_MAX_PREFIX_CACHE_TOKENS = 32768
 
 
 @torch.inference_mode()
@@ -269,17 +481,34 @@ def score_groups(
     max_length: int | None = None,
     device: torch.device | str | None = None,
     progress=None,
+    prefix_reuse: bool = True,
+    max_prefix_cache_tokens: int = DEFAULT_MAX_PREFIX_CACHE_TOKENS,
+    min_shared_prefix: int = MIN_SHARED_PREFIX,
 ) -> list[list[SpanScore]]:
     """Score every candidate of every group, running each prompt once.
 
     Candidates are packed behind their prompt with a block mask and restarted position
     ids, and the LM head is applied only to the last prompt position and the candidate
     positions. Rows are sorted longest first and batched up to ``max_batch_tokens``
-    (padded) tokens; on out-of-memory the budget halves and the batch is retried.
+    (padded) tokens; on out-of-memory the rows per batch halve and the batch is retried.
+
+    With ``prefix_reuse`` (default), prompts that share a token prefix of at least
+    ``min_shared_prefix`` tokens (found by sorting the token ids, see
+    :func:`prefix_clusters`) run that prefix once: its keys and values are kept and every
+    member's remaining prompt and candidates are packed, several groups to a row, behind
+    it (position ids continue after the prefix; the mask lets each group see the prefix,
+    its own prompt suffix and its own candidate). A batch holds at most
+    ``max_prefix_cache_tokens`` expanded prefix tokens (rows x prefix length); a prefix
+    longer than that, and any prompt truncated from the left (longer than the model's
+    context), is scored on the unshared path. The log-probs agree with the unshared path
+    to float rounding.
+
     Falls back to :func:`score_pairs` (one sequence per candidate) for attention
     kernels that take no custom mask. Returns, per group, one :class:`SpanScore` per
     candidate in the group's order.
     """
+    if max_prefix_cache_tokens < 1:
+        raise ValueError("max_prefix_cache_tokens must be >= 1")
     mode = _packing_mode(model)
     if mode is None or not _head_only_supported(model):
         flat = [EncodedPair(g.context_ids, c) for g in groups for c in g.continuations]
@@ -298,61 +527,53 @@ def score_groups(
     for g in groups:
         if max(len(c) for c in g.continuations) > max_length:
             raise ScoringError(f"a continuation exceeds the model's {max_length}-token context")
-    packed = [_pack_group(g, max_length) for g in groups]
-    order = sorted(range(len(groups)), key=lambda i: -len(packed[i][0]))
     dtype = next(model.parameters()).dtype
     pad_id = getattr(model.config, "pad_token_id", None) or 0
-    decoder, head = model.get_decoder(), model.get_output_embeddings()
-    results: list[list[SpanScore] | None] = [None] * len(groups)
+    acc: dict[tuple[int, int], list] = {}
 
-    start, budget = 0, max_batch_tokens
-    while start < len(order):
-        width = len(packed[order[start]][0])
-        rows = max(1, budget // max(width, 1))
-        idx = order[start : start + rows]
-        try:
-            ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
-            pos = torch.zeros((len(idx), width), dtype=torch.long)
-            for r, i in enumerate(idx):
-                row_ids, row_pos = packed[i][0], packed[i][1]
-                ids[r, : len(row_ids)] = torch.tensor(row_ids)
-                pos[r, : len(row_pos)] = torch.tensor(row_pos)
-            mask = _build_mask([packed[i][2] for i in idx], [packed[i][3] for i in idx], width, mode, dtype, device)
-            hidden = decoder(input_ids=ids.to(device), attention_mask=mask, position_ids=pos.to(device)).last_hidden_state
-            # Unique scoring positions per row (the last prompt position is shared by all candidates).
-            rows_l, cols_l, tgt_rows, tgt_tokens, owners = [], [], [], [], []
-            for r, i in enumerate(idx):
-                where: dict[int, int] = {}
-                for col, tok, j in packed[i][4]:
-                    if col not in where:
-                        where[col] = len(rows_l)
-                        rows_l.append(r)
-                        cols_l.append(col)
-                    tgt_rows.append(where[col])
-                    tgt_tokens.append(tok)
-                    owners.append((i, j))
-            logits = head(hidden[torch.tensor(rows_l, device=device), torch.tensor(cols_l, device=device)])
-            logprobs = torch.log_softmax(logits.float(), dim=-1)
-            sel = logprobs[torch.tensor(tgt_rows, device=device)]
-            tgt = torch.tensor(tgt_tokens, device=device)
-            token_lp = sel.gather(-1, tgt[:, None])[:, 0].double().cpu().tolist()
-            greedy = (sel.argmax(-1) == tgt).cpu().tolist()
-        except (RuntimeError, torch.OutOfMemoryError) as exc:
-            if _is_oom(exc) and rows > 1:
-                budget = max(width, (len(idx) * width) // 2)
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
-                continue
-            raise
-        acc: dict[tuple[int, int], list] = {}
-        for (i, j), lp, gr in zip(owners, token_lp, greedy):
-            a = acc.setdefault((i, j), [0.0, 0, True])
-            a[0] += lp
-            a[1] += 1
-            a[2] = a[2] and gr
-        for i in idx:
-            results[i] = [SpanScore(*acc[(i, j)]) for j in range(len(groups[i].continuations))]
+    def on_done(done: list[int]) -> None:
         if progress is not None:
-            progress.update(len(idx))
-        start += len(idx)
-    return results  # type: ignore[return-value]
+            progress.update(len(done))
+
+    common = dict(mode=mode, dtype=dtype, pad_id=pad_id, device=device, on_done=on_done)
+    kept = [_kept_context(g, max_length) for g in groups]
+    plain = set(range(len(groups)))
+    cache_kw = _cache_kwarg(model.get_decoder()) if prefix_reuse else None
+    if cache_kw is not None:
+        whole = [i for i, g in enumerate(groups) if kept[i] == len(g.context_ids)]  # not truncated
+        clusters = prefix_clusters([g.context_ids for g in groups], whole, min_shared=min_shared_prefix)
+        for n_prefix, members in clusters:
+            if n_prefix > max_prefix_cache_tokens:
+                continue  # too long to hold expanded even for one row: unshared path
+            widths = {gi: _item_width(len(groups[gi].context_ids) - n_prefix, groups[gi]) for gi in members}
+            max_rows = max(1, min(max_prefix_cache_tokens // n_prefix, max_batch_tokens // max(widths.values())))
+            target = max(max(widths.values()), max_batch_tokens // max_rows)
+            rows = []
+            for bin_ in _first_fit(widths, target):
+                row = _Row()
+                for gi in sorted(bin_):
+                    _append_group(row, gi, groups[gi].context_ids[n_prefix:], groups[gi], n_prefix)
+                rows.append(row)
+            prefix = _PrefixKV(n_prefix)
+            head_row = _Row()
+            head_row.ids = list(groups[members[0]].context_ids[:n_prefix])
+            head_row.item, head_row.seg = [0] * n_prefix, [0] * n_prefix
+            decoder = model.get_decoder()
+            decoder(input_ids=torch.tensor([head_row.ids], device=device),
+                    attention_mask=_rows_mask([head_row], n_prefix, 0, mode, dtype, device),
+                    position_ids=torch.arange(n_prefix, device=device)[None], **{cache_kw: prefix})
+            prefix.serving = True
+            _score_rows(model, rows, acc, budget=max(max_batch_tokens, target), max_rows=max_rows, prefix=prefix,
+                        cache_kw=cache_kw, **common)
+            del prefix
+            plain -= set(members)
+
+    rows = []
+    for i in sorted(plain):
+        row = _Row()
+        g = groups[i]
+        _append_group(row, i, g.context_ids[len(g.context_ids) - kept[i]:], g, 0)
+        rows.append(row)
+    _score_rows(model, rows, acc, budget=max_batch_tokens, max_rows=len(rows) or 1, prefix=None, cache_kw=None,
+                **common)
+    return [[SpanScore(*acc[(i, j)]) for j in range(len(g.continuations))] for i, g in enumerate(groups)]

@@ -1,0 +1,112 @@
+"""Sampling benchmark: probeselect's sample_generations vs HF generate(do_sample=True).
+
+Run: python bench/sampling.py [--model toy|58m|both] [--ladder DIR] [--prompts 16] [--n 200] [--max-new-tokens 16]
+
+Same prompts (shipped persona_qa items, evaluation seed 0), same number of samples per
+prompt and the same limit on new tokens, same stop rule (a newline or EOS ends a sample:
+HF gets ``stop_strings=["\\n"]``), temperature 1, full softmax (HF: top_k=0, top_p=1).
+HF runs ``generate(do_sample=True, num_return_sequences=N)`` on the left-padded batch of
+all prompts; probeselect runs :func:`probeselect.generation.sample_generations` with its
+defaults. Models: ``toy`` is the last checkpoint of a toy ladder (``--ladder``;
+``probeselect toy-ladder DIR`` builds one), ``58m`` the randomly initialised 58M-parameter
+Llama of bench/scoring.py with that script's tokenizer trained on the prompts. Each side
+runs once after a small warm-up, alternating; prints samples/s, the ratio, mean new
+tokens per sample, peak RSS and the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scoring import build_model, make_tokenizer  # noqa: E402
+
+from probeselect.generation import sample_generations  # noqa: E402
+from probeselect.probes import generate_items, load_spec  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def hf_generate(model, tok, prompts, n, max_new_tokens):
+    tok.padding_side = "left"
+    enc = tok(prompts, return_tensors="pt", padding=True)
+    out = model.generate(**enc, do_sample=True, num_return_sequences=n, max_new_tokens=max_new_tokens,
+                         temperature=1.0, top_k=0, top_p=1.0, stop_strings=["\n"], tokenizer=tok,
+                         pad_token_id=tok.pad_token_id)
+    new = out[:, enc["input_ids"].shape[1]:]
+    stop = {tok.pad_token_id, *([tok.eos_token_id] if tok.eos_token_id is not None else [])}
+    # new tokens per sample: up to and including the stop token (padding after it is not generated)
+    lengths = []
+    for row in new.tolist():
+        k = len(row)
+        while k and row[k - 1] == tok.pad_token_id:
+            k -= 1
+        lengths.append(k)
+    del stop
+    return sum(lengths) / len(lengths)
+
+
+def run(name, model, tok, prompts, args):
+    kw = dict(n=args.n, max_new_tokens=args.max_new_tokens)
+    torch.manual_seed(0)
+    sample_generations(model, tok, prompts[:2], n=4, max_new_tokens=4)  # warm-up
+    hf_generate(model, tok, prompts[:2], 4, 4)
+    t0 = time.perf_counter()
+    gens = sample_generations(model, tok, prompts, seed=0, **kw)
+    t_ours = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    hf_new = hf_generate(model, tok, prompts, args.n, args.max_new_tokens)
+    t_hf = time.perf_counter() - t0
+    total = len(prompts) * args.n
+    ours_new = sum(g.n_new_tokens for gs in gens for g in gs) / total
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"[{name}] params={n_params/1e6:.2f}M prompts={len(prompts)} n={args.n} max_new_tokens={args.max_new_tokens} "
+          f"mean prompt {sum(len(tok.encode(p)) for p in prompts)/len(prompts):.0f} tokens "
+          f"threads={torch.get_num_threads()}")
+    print(f"  probeselect : {total/t_ours:8.1f} samples/s ({t_ours:.2f} s; {ours_new:.2f} new tokens/sample)")
+    print(f"  HF generate : {total/t_hf:8.1f} samples/s ({t_hf:.2f} s; {hf_new:.2f} new tokens/sample, "
+          f"padding after a row's stop excluded)")
+    print(f"  ratio       : {t_hf/t_ours:.2f}x")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="both", choices=["toy", "58m", "both"])
+    ap.add_argument("--ladder", default="/tmp/ladder15")
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--n", type=int, default=200)
+    ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--prompts-58m", type=int, default=4)
+    ap.add_argument("--n-58m", type=int, default=32)
+    args = ap.parse_args()
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    items = generate_items(load_spec(ROOT / "probes" / "persona_qa.yaml"), [0])
+    prompts = [it.prompt for it in items]
+    if args.model in ("toy", "both"):
+        from probeselect.checkpoints import discover_checkpoints
+        from probeselect.score import load_model, load_tokenizer
+
+        ck = discover_checkpoints(args.ladder)[-1]
+        run(f"toy {ck.name}", load_model(ck.path, torch.float32, torch.device("cpu")), load_tokenizer(ck.path),
+            prompts[: args.prompts], args)
+    if args.model in ("58m", "both"):
+        tok = make_tokenizer([p + " I live in Oslo." for p in prompts])
+
+        class A:
+            hidden, layers, heads, intermediate, max_positions = 512, 8, 8, 1376, 1024
+        _, model = build_model(A, torch.device("cpu"), torch.float32, tok)
+        sub = argparse.Namespace(**{**vars(args), "n": args.n_58m})
+        run("58m random init", model, tok, prompts[: args.prompts_58m], sub)
+    print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024:.0f} MiB; load average at end: "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()
