@@ -10,7 +10,7 @@ from .._io import canonical_json_hash
 from .._yaml import load_yaml
 from ..errors import ProbeSpecError, did_you_mean
 
-_SPEC_KEYS = {"family", "n_items", "n_demos", "variants", "params", "description"}
+_SPEC_KEYS = {"family", "n_items", "n_demos", "variants", "params", "description", "requires"}
 #: Keys that make a spec a data-defined (user) family; see ``_userdata``.
 USER_FORM_KEYS = ("data", "template", "templates", "demo_pool", "query_pool")
 
@@ -104,6 +104,11 @@ def spec_from_dict(raw: Any, *, source: str = "<dict>", path: Path | None = None
             "To define a new family from a data file instead, add `data:` (see probes/README.md)."
         )
     fam = get_family(name, source=source)
+    if "requires" in raw and raw["requires"] != fam.requires:
+        raise ProbeSpecError(
+            f"{source}: `requires: {raw['requires']}` does not match family {fam.name!r}, which "
+            + (f"requires {fam.requires!r}." if fam.requires else "has no requirement; remove the key.")
+        )
     variants = raw.get("variants", list(fam.variants))
     if isinstance(variants, str):
         variants = [variants]
