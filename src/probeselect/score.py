@@ -51,6 +51,9 @@ from .generation import (
     summarize_generation,
 )
 from .probes import FamilySpec, ProbeItem, generate_items, get_family, load_spec
+from .probes._registry import check_requirements
+from .probes._gdsuite import (GDsuiteGroup, encode_item_gdsuite, gdsuite_persona_table, gdsuite_unpack,
+                              is_persona_spec, summarize_persona, wants_gdsuite_boundary)
 from ._dist import dist_context, split_contiguous
 from . import _shards
 from .spans import DEFAULT_MAX_PREFIX_CACHE_TOKENS, EncodedGroup, _model_max_length, encode_pair, group_pairs, score_groups
@@ -78,6 +81,7 @@ class ScoreResult:
     generations: pd.DataFrame | None = None  # sampled-generation counts per item (gen families)
     audit: pd.DataFrame | None = None  # greedy generative audit, one row per audited item
     audit_summary: pd.DataFrame | None = None
+    persona: pd.DataFrame | None = None  # GDsuite persona generations, one row per seed x persona x question
     n_checkpoints: int = 0  # found in the folder, including those rejected at discovery (keep_going)
     units_total: int = 0  # (checkpoint, family, chunk) work units of the loaded checkpoints
     units_cached: int = 0  # of those, reused from the run folder's cache
@@ -228,9 +232,10 @@ def _item_rows(items: Sequence[ProbeItem]) -> list[dict]:
 
 
 def _encode_items(tokenizer, items: Sequence[ProbeItem]) -> list[EncodedGroup]:
-    """Tokenize every (prompt, candidate) pair once; one group per item."""
+    """Tokenize every (prompt, candidate) pair once; one group per item (GDsuite-format
+    items with ``boundary: gdsuite`` use GDsuite's answer boundary, see ``probes._gdsuite``)."""
     return [
-        group_pairs(
+        encode_item_gdsuite(tokenizer, it) if wants_gdsuite_boundary(it) else group_pairs(
             [
                 encode_pair(tokenizer, it.prompt, cand, what=f"item {it.item_id} (seed {it.seed}) candidate {cand!r}")
                 for cand in it.candidates
@@ -330,7 +335,10 @@ def _score_unit(ckpt: Checkpoint, model, items, encoded, truncated, *, max_batch
     finally:
         bar.close()
     rows = []
-    for it, sc, cut in zip(items, spans, truncated):
+    for it, grp, sc, cut in zip(items, encoded, spans, truncated):
+        extra = {}
+        if isinstance(grp, GDsuiteGroup):  # GDsuite's spans and per-item columns
+            sc, extra = gdsuite_unpack(it, grp, sc)
         lps = [s.logprob for s in sc]
         task, short = sc[0], sc[1]
         margin = task.logprob - short.logprob
@@ -356,6 +364,7 @@ def _score_unit(ckpt: Checkpoint, model, items, encoded, truncated, *, max_batch
                 "task_is_greedy": task.is_greedy,
                 "candidate_logprobs": lps,
                 "truncated_tokens": int(cut),
+                **extra,
             }
         )
     return pd.DataFrame(rows)
@@ -374,7 +383,7 @@ def _peak_rss_mib() -> float | None:
 
 
 def _sort_summary(summary: pd.DataFrame) -> pd.DataFrame:
-    order = {"conflict": 0, "capability": 1, "nll": 2}
+    order = {"conflict": 0, "capability": 1, "generative": 2, "nll": 3}
     key = summary["kind"].map(order).fillna(3)
     return (summary.assign(_k=key).sort_values(["step", "checkpoint", "_k", "family", "variant"], kind="stable",
                                                na_position="first").drop(columns="_k").reset_index(drop=True))
@@ -513,6 +522,7 @@ def score_checkpoints(
     for name, err in failed.items():
         log.warning("skipping %s: %s", name, err)
     n_found = len(ckpts) + len(failed)
+    check_requirements(specs, ckpts)  # toy-world families only on toy-ladder checkpoints
 
     scoring_config = {"dtype": dtype, "device_type": dev.type, "max_length": max_length, "scorer": "spans-v1"}
     config = {
@@ -563,8 +573,13 @@ def score_checkpoints(
         failed=[{"checkpoint": n, "error": e} for n, e in failed.items()],
     )
     # Work units planned up front: a merge checks them before touching the folder.
-    units: list[WorkUnit] = _plan_units(ckpts, items, fams, chunk_items, scoring_config, heldout_hash, gen,
-                                        audit_idx, audit_max_new_tokens)
+    persona_specs = {s.family: s for s in specs if is_persona_spec(s)}  # GDsuite persona folders (generative)
+    units: list[WorkUnit] = _plan_units(ckpts, items, [f for f in fams if f not in persona_specs], chunk_items,
+                                        scoring_config, heldout_hash, gen, audit_idx, audit_max_new_tokens)
+    units.extend(WorkUnit(ci, f, 0, (0, 0), canonical_json_hash({"fp": ck.fingerprint, "persona": sp.spec_hash,
+                                                                  "seeds": manifest["seeds"], "cfg": scoring_config}),
+                          task="persona")
+                 for ci, ck in enumerate(ckpts) for f, sp in persona_specs.items())
     own = _shards.owned_units(len(units), shard) if shard else None
     if merge:  # refuses, naming the missing shards, unless every unit is cached
         failed.update(_shards.check_merge(run_dir, units, ckpts, _cache_path, keep_going=keep_going))
@@ -628,7 +643,8 @@ def score_checkpoints(
 
 
 # Final tables of a score run: written to a staging folder and swapped in together.
-_TABLES = ("items.jsonl", "scores.parquet", "summary.csv", "generations.parquet", "audit.parquet", "audit_summary.csv")
+_TABLES = ("items.jsonl", "scores.parquet", "summary.csv", "generations.parquet", "audit.parquet", "audit_summary.csv",
+           "persona.parquet")
 # Files later stages derive from the tables; moved aside when the tables change.
 _DOWNSTREAM = ("dynamics", "shortlist.csv", "shortlist.json", "report.md", "report.html", "plan.lock.json",
                "pilot", "selection.json", "selection.csv", "confirm", "averaged")
@@ -724,6 +740,7 @@ def _score_run(ckpts, items, item_dicts, fams, specs, manifest, units, failed, *
                audit_max_new_tokens, tokenizer, max_batch_tokens, max_length, on_overflow, keep_going, progress,
                old_manifest, n_found, shard=None, own=None, prefix_reuse=True,
                max_prefix_cache_tokens=DEFAULT_MAX_PREFIX_CACHE_TOKENS) -> ScoreResult:
+    persona_specs = {s.family: s for s in specs if is_persona_spec(s)}  # GDsuite persona folders (generative)
     pool = own if own is not None else range(len(units))
     mine = [units[pool[i]] for i in split_contiguous(len(pool), dist.world_size, dist.rank)]
     encoded_by_tok: dict[Any, list[EncodedGroup]] = {}
@@ -794,6 +811,9 @@ def _score_run(ckpts, items, item_dicts, fams, specs, manifest, units, failed, *
                             max_new_tokens=g["max_new_tokens"], seed=0, progress=bar), ckpt)
                     finally:
                         bar.close()
+                elif u.task == "persona":
+                    part = _with_checkpoint(gdsuite_persona_table(model, tokenizers[tok_key], persona_specs[u.family],
+                                                                  manifest["seeds"]), ckpt)
                 elif u.task == "audit":
                     bar = tqdm(total=len(audit_idx), desc=f"  {ckpt.name} generative audit", unit="item",
                                leave=False, disable=not progress)
@@ -871,17 +891,21 @@ def _score_run(ckpts, items, item_dicts, fams, specs, manifest, units, failed, *
     gen_parts = [done[i] for i, u in enumerate(units) if i in done and u.task == "gen"]
     audit_parts = [done[i] for i, u in enumerate(units) if i in done and u.task == "audit"]
     generations = pd.concat(gen_parts, ignore_index=True) if gen_parts else None
+    persona_parts = [done[i] for i, u in enumerate(units) if i in done and u.task == "persona"]
+    persona = pd.concat(persona_parts, ignore_index=True) if persona_parts else None
     audit = pd.concat(audit_parts, ignore_index=True) if audit_parts else None
     audit_summary = summarize_audit(audit, scores) if audit is not None and len(scores) else None
     if generations is not None and len(summary):
         gsum = summarize_generation(generations, by=["checkpoint", "family", "variant"])
         summary = summary.merge(gsum, on=["checkpoint", "family", "variant"], how="left")
+    if persona is not None:
+        summary = pd.concat([summary, summarize_persona(persona)], ignore_index=True)
     if nll_parts:
         nll = pd.concat(nll_parts, ignore_index=True)
         summary = pd.concat([summary, nll], ignore_index=True)
     if len(summary):
         summary = _sort_summary(summary)
-        for col in ("n_items", "n_seeds", "gen_items", "gen_n", "n_tokens", "n_bytes", "n_docs", "truncated_items"):
+        for col in ("n_items", "n_seeds", "n_samples", "gen_items", "gen_n", "n_tokens", "n_bytes", "n_docs", "truncated_items"):
             if col in summary.columns:
                 summary[col] = summary[col].astype("Int64")
     if len(scores):  # items.jsonl: the most tokens any checkpoint's tokenizer cut from the item's prompt
@@ -908,7 +932,7 @@ def _score_run(ckpts, items, item_dicts, fams, specs, manifest, units, failed, *
         atomic_write_jsonl(staging / "items.jsonl", item_dicts)
         atomic_write_parquet(staging / "scores.parquet", scores)
         atomic_write_csv(staging / "summary.csv", summary)
-        for name, df in (("generations.parquet", generations), ("audit.parquet", audit)):
+        for name, df in (("generations.parquet", generations), ("audit.parquet", audit), ("persona.parquet", persona)):
             if df is not None:
                 atomic_write_parquet(staging / name, df)
         if audit_summary is not None:
@@ -930,4 +954,4 @@ def _score_run(ckpts, items, item_dicts, fams, specs, manifest, units, failed, *
     return ScoreResult(items=items_df, scores=scores, summary=summary, manifest=manifest, run_dir=run_dir,
                        scored=manifest["scored_now"], failed=dict(failed), generations=generations, audit=audit,
                        audit_summary=audit_summary, n_checkpoints=n_found, units_total=len(units),
-                       units_cached=n_cached, superseded=superseded, n_truncated=n_truncated)
+                       units_cached=n_cached, superseded=superseded, n_truncated=n_truncated, persona=persona)

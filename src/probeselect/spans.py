@@ -31,8 +31,8 @@ import torch
 
 from .errors import ScoringError
 
-__all__ = ["EncodedGroup", "EncodedPair", "SpanScore", "encode_pair", "group_pairs", "prefix_clusters", "score_groups",
-           "score_pairs"]
+__all__ = ["EncodedGroup", "EncodedPair", "SpanScore", "encode_pair", "encode_pair_gdsuite", "group_pairs",
+           "prefix_clusters", "score_groups", "score_pairs"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,32 @@ def encode_pair(tokenizer, context: str, continuation: str, *, what: str = "requ
     if not cont:
         raise ScoringError(f"{what}: candidate {continuation!r} tokenizes to nothing; use a non-empty answer string.")
     return EncodedPair(tuple(ctx), tuple(cont))
+
+
+def encode_pair_gdsuite(tokenizer, prompt: str, answer: str, *, what: str = "request") -> EncodedPair:
+    """Encode ``prompt + " " + answer`` with GDsuite's answer-boundary rule (``boundary: gdsuite``).
+
+    GDsuite finds the boundary as ``len(encode(prompt + " "))`` without special tokens,
+    or ``len(encode(prompt))`` when the trailing space changes the prompt's tokens, and
+    reads the log-probabilities vLLM returns for the full text, which vLLM tokenizes
+    *with* the tokenizer's special tokens. The same index is applied here to the same
+    token list, so with a tokenizer that prepends BOS the scored span starts one token
+    before the answer (the last prompt token), exactly as in GDsuite. Position 0 has no
+    log-probability and is never scored.
+    """
+    if not prompt:
+        raise ScoringError(f"{what}: empty prompt; every item needs a non-empty prompt.")
+    full_text = prompt + " " + answer
+    prompt_ids = tokenizer.encode(prompt + " ", add_special_tokens=False)
+    plain = tokenizer.encode(full_text, add_special_tokens=False)
+    start = len(prompt_ids)
+    if plain[:start] != prompt_ids:
+        start = len(tokenizer.encode(prompt, add_special_tokens=False))
+    full = list(tokenizer.encode(full_text))  # what vLLM scores: the tokenizer's default special tokens
+    start = max(start, 1)
+    if start >= len(full):
+        raise ScoringError(f"{what}: answer {answer!r} leaves no token to score under GDsuite's boundary rule.")
+    return EncodedPair(tuple(full[:start]), tuple(full[start:]))
 
 
 def _model_max_length(model) -> int:

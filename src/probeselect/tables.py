@@ -20,6 +20,16 @@ def bootstrap_mean_ci(values: np.ndarray, *, n_boot: int = 1000, level: float = 
     return float(np.quantile(means, alpha)), float(np.quantile(means, 1 - alpha))
 
 
+def _gdsuite_metrics(g: pd.DataFrame) -> dict:
+    """GDsuite's per-task ``hard_accuracy`` (fraction of rows with correct_avg_prob >
+    incorrect_avg_prob) and ``prob_margin`` (mean correct_avg_prob - incorrect_avg_prob),
+    for rows that carry GDsuite's columns (GDsuite-format families); else nothing."""
+    if "correct_avg_prob" not in g.columns or not g["correct_avg_prob"].notna().any():
+        return {}
+    c, i = g["correct_avg_prob"].astype(float), g["incorrect_avg_prob"].astype(float)
+    return {"hard_accuracy": float((c > i).mean()), "prob_margin": float((c - i).mean())}
+
+
 def summarize_scores(scores: pd.DataFrame, *, n_boot: int = 1000) -> pd.DataFrame:
     """Per checkpoint x family x variant summary of a ``scores`` table.
 
@@ -28,7 +38,8 @@ def summarize_scores(scores: pd.DataFrame, *, n_boot: int = 1000) -> pd.DataFram
     bootstrap interval of the mean margin, resampling items; each item's margin is first
     averaged over seeds), ``mean_margin_per_token``, ``accuracy`` (fraction margin > 0),
     ``candidate_accuracy`` (fraction where the task answer beats every candidate),
-    ``n_items`` and ``n_seeds``.
+    ``n_items`` and ``n_seeds``; for GDsuite-format families also ``hard_accuracy`` and
+    ``prob_margin`` (GDsuite's metrics, from the mean per-token probabilities).
     """
     rows = []
     keys = [k for k in GROUP if k in scores.columns]
@@ -48,6 +59,7 @@ def summarize_scores(scores: pd.DataFrame, *, n_boot: int = 1000) -> pd.DataFram
                 candidate_accuracy=float(g["candidate_correct"].mean()),
                 n_items=int(g["item_id"].nunique()),
                 n_seeds=int(g["seed"].nunique()),
+                **_gdsuite_metrics(g),
             )
         )
     out = pd.DataFrame(rows)

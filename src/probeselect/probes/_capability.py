@@ -219,6 +219,7 @@ def _validate_relation(spec: FamilySpec, source: str) -> None:
     default_params={"relations": list(RELATIONS), "categories": list(CATEGORIES)},
     validate=_validate_relation,
     kind="capability",
+    requires="toy_world",
 )
 def relation_plain(spec: FamilySpec, seed: int) -> Iterator[ProbeItem]:
     """Plain word relations (category / opposite) with correct demonstrations of the same relation."""
@@ -315,6 +316,7 @@ def _validate_persona(spec: FamilySpec, source: str) -> None:
     default_params={"world_seed": 0, "attributes": list(PERSON_ATTRIBUTES)},
     validate=_validate_persona,
     kind="capability",
+    requires="toy_world",
 )
 def persona_plain(spec: FamilySpec, seed: int) -> Iterator[ProbeItem]:
     """Plain persona QA: one described person, first-person questions about that same person."""

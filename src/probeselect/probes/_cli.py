@@ -50,7 +50,8 @@ def _item_errors(spec: FamilySpec, seed: int = 0) -> list[ProbeItem]:
 
 
 def list_probes(spec_dir: Path | None = None) -> str:
-    """A table of every built-in family plus the data-defined families under ``spec_dir``.
+    """A table of every built-in family plus the data-defined families under ``spec_dir``;
+    toy-world families (``requires: toy_world``) are listed in a second table.
 
     Built-in rows show the default item count per variant; data-defined rows (found by
     loading every *.yaml below ``spec_dir``) show the actual item count of each variant.
@@ -59,7 +60,11 @@ def list_probes(spec_dir: Path | None = None) -> str:
     headers = ["family", "kind", "variants", "items/variant", "source", "description"]
     rows = [
         [f.name, f.kind, ",".join(f.variants), str(f.default_n_items), "built-in", f.description]
-        for f in list_families()
+        for f in list_families() if f.requires is None
+    ]
+    toy_rows = [
+        [f.name, f.kind, ",".join(f.variants), str(f.default_n_items), "built-in", f.description]
+        for f in list_families() if f.requires == "toy_world"
     ]
     problems: list[str] = []
     if spec_dir is not None:
@@ -80,6 +85,9 @@ def list_probes(spec_dir: Path | None = None) -> str:
                 fam = get_family(spec.family)
                 rows.append([spec.family, fam.kind, ",".join(spec.variants), per, str(p), fam.description])
     out = _table(headers, rows)
+    if toy_rows:
+        out += ("\n\nToy-world families (requires: toy_world; only for checkpoints of the toy ladder, "
+                "an error on any other model):\n" + _table(headers, toy_rows))
     if problems:
         out += f"\n\n{len(problems)} spec file(s) could not be loaded:\n" + "\n".join(f"  {m}" for m in problems)
     return out

@@ -152,6 +152,7 @@ def _validate(spec: FamilySpec, source: str) -> None:
     default_params=DEFAULT_PARAMS,
     validate=_validate,
     kind="conflict",
+    requires="toy_world",
 )
 def persona_qa(spec: FamilySpec, seed: int) -> Iterator[ProbeItem]:
     """Persona QA: answer as the described persona, not as the demonstration personas."""

@@ -28,9 +28,11 @@ class Family:
     validate: Callable | None = None
     description: str = ""
     kind: str = "conflict"
+    requires: str | None = None  # "toy_world": only meaningful on checkpoints of the toy ladder
 
 
 KINDS = ("conflict", "capability")
+REQUIREMENTS = ("toy_world",)
 _FAMILIES: dict[str, Family] = {}
 #: Data-defined families (user specs with ``data:`` or a template), keyed by name.
 _USER_FAMILIES: dict[str, Family] = {}
@@ -45,15 +47,20 @@ def register_family(
     default_params: dict[str, Any] | None = None,
     validate: Callable | None = None,
     kind: str = "conflict",
+    requires: str | None = None,
 ) -> Callable[[Generator], Generator]:
     """Decorator: register ``fn(spec, seed) -> Iterator[ProbeItem]`` as family ``name``.
 
     ``kind`` is ``"conflict"`` (a tempting shortcut disagrees with the task; measures
     shortcut resistance) or ``"capability"`` (plain, non-conflicting items of the same
-    skill; separates "cannot do it" from "prefers the shortcut").
+    skill; separates "cannot do it" from "prefers the shortcut"). ``requires="toy_world"``
+    marks a family whose content only means something to models trained on the toy
+    corpus; scoring it on another checkpoint is an error.
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if requires is not None and requires not in REQUIREMENTS:
+        raise ValueError(f"requires must be None or one of {REQUIREMENTS}, got {requires!r}")
 
     def deco(fn: Generator) -> Generator:
         if name in _FAMILIES:
@@ -68,6 +75,7 @@ def register_family(
             validate=validate,
             description=(fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else "",
             kind=kind,
+            requires=requires,
         )
         return fn
 
@@ -121,3 +129,44 @@ def register_user_family(family: Family, *, source: str = "") -> None:
 def list_user_families() -> list[Family]:
     """Data-defined families registered so far in this process, sorted by name."""
     return [_USER_FAMILIES[k] for k in sorted(_USER_FAMILIES)]
+
+
+def is_toy_checkpoint(path) -> bool:
+    """Whether the checkpoint folder ``path`` comes from the toy ladder (``probeselect.toy``).
+
+    Recognised by the ``ladder.json`` that ``build_toy_ladder`` writes next to its
+    checkpoints, or (for a checkpoint copied out of its ladder) by a tokenizer whose
+    BOS/EOS/PAD tokens are the toy tokenizer's special tokens.
+    """
+    import json
+    from pathlib import Path
+
+    from ..toy.ladder import SPECIAL_TOKENS
+
+    path = Path(path)
+    if (path / "ladder.json").is_file() or (path.parent / "ladder.json").is_file():
+        return True
+    try:
+        cfg = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    toks = set()
+    for k in ("bos_token", "eos_token", "pad_token"):
+        v = cfg.get(k)
+        toks.add(v.get("content") if isinstance(v, dict) else v)
+    return set(SPECIAL_TOKENS) <= toks
+
+
+def check_requirements(specs, checkpoints) -> None:
+    """Refuse toy-world families on checkpoints that are not from the toy ladder."""
+    toy = sorted({s.family for s in specs if get_family(s.family).requires == "toy_world"})
+    if not toy:
+        return
+    bad = [c for c in checkpoints if not is_toy_checkpoint(c.path)]
+    if bad:
+        raise ProbeSpecError(
+            f"probe famil{'y' if len(toy) == 1 else 'ies'} {toy} use the toy world's vocabulary and people "
+            f"(requires: toy_world) and mean nothing to a model not trained on the toy corpus, but checkpoint "
+            f"{bad[0].name!r} ({bad[0].path}) is not from a toy ladder (no ladder.json beside it, no toy tokenizer). "
+            "Score real checkpoints with probes/real/*.yaml or --suite gdsuite."
+        )

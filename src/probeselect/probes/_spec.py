@@ -10,7 +10,7 @@ from .._io import canonical_json_hash
 from .._yaml import load_yaml
 from ..errors import ProbeSpecError, did_you_mean
 
-_SPEC_KEYS = {"family", "n_items", "n_demos", "variants", "params", "description"}
+_SPEC_KEYS = {"family", "n_items", "n_demos", "variants", "params", "description", "requires"}
 #: Keys that make a spec a data-defined (user) family; see ``_userdata``.
 USER_FORM_KEYS = ("data", "template", "templates", "demo_pool", "query_pool")
 
@@ -38,9 +38,13 @@ class FamilySpec:
     def __post_init__(self) -> None:
         if self.user_data is not None:
             # Make the data-defined family visible to get_family()/generate_items().
-            from ._userdata import register_user_spec
+            register = getattr(self.user_data, "register", None)  # GDsuite-format data registers itself
+            if register is not None:
+                register(self)
+            else:
+                from ._userdata import register_user_spec
 
-            register_user_spec(self)
+                register_user_spec(self)
 
     def to_dict(self) -> dict[str, Any]:
         d = {
@@ -76,6 +80,10 @@ def spec_from_dict(raw: Any, *, source: str = "<dict>", path: Path | None = None
 
     if not isinstance(raw, dict):
         raise ProbeSpecError(f"{source}: a probe spec must be a YAML mapping with at least `family:`.")
+    if "format" in raw:
+        from ._gdsuite import gdsuite_spec_from_dict
+
+        return gdsuite_spec_from_dict(raw, source=source, path=path)
     if any(k in raw for k in USER_FORM_KEYS):
         from ._userdata import user_spec_from_dict
 
@@ -96,6 +104,11 @@ def spec_from_dict(raw: Any, *, source: str = "<dict>", path: Path | None = None
             "To define a new family from a data file instead, add `data:` (see probes/README.md)."
         )
     fam = get_family(name, source=source)
+    if "requires" in raw and raw["requires"] != fam.requires:
+        raise ProbeSpecError(
+            f"{source}: `requires: {raw['requires']}` does not match family {fam.name!r}, which "
+            + (f"requires {fam.requires!r}." if fam.requires else "has no requirement; remove the key.")
+        )
     variants = raw.get("variants", list(fam.variants))
     if isinstance(variants, str):
         variants = [variants]

@@ -221,6 +221,7 @@ def _validate_repeated(spec: FamilySpec, source: str) -> None:
     default_n_demos=3,
     default_params={"categories": list(CATEGORIES)},
     validate=_validate_repeated,
+    requires="toy_world",
 )
 def tmpl_repeated(spec: FamilySpec, seed: int) -> Iterator[ProbeItem]:
     """Repeated demo output: every demo is a true fact of one category; the query's category differs."""
@@ -287,6 +288,7 @@ def _validate_mismatch(spec: FamilySpec, source: str) -> None:
     default_n_demos=3,
     default_params={"world_seed": 0, "attribute_pairs": [["city", "job"], ["job", "city"]]},
     validate=_validate_mismatch,
+    requires="toy_world",
 )
 def tmpl_mismatch(spec: FamilySpec, seed: int) -> Iterator[ProbeItem]:
     """Template/task mismatch: demos teach one person attribute, the query cues another."""
@@ -353,6 +355,7 @@ def _derangement(rng, cats: list[str]) -> dict[str, str]:
     default_n_demos=4,
     default_params={"relations": list(FLIP_RELATIONS), "categories": list(CATEGORIES)},
     validate=_validate_flipped,
+    requires="toy_world",
 )
 def tmpl_flipped(spec: FamilySpec, seed: int) -> Iterator[ProbeItem]:
     """Flipped labels: demos use a category derangement / identity-as-opposite; the query wants the truth."""
