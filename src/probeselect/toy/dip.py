@@ -13,8 +13,10 @@ Inputs are the item-level score table of ``probeselect score`` (``scores.parquet
   is lower than the reference by more than ``sd_factor`` times the evaluation-seed sd
   (the larger of the two checkpoints' sds, floored at ``sd_floor``). The family *dips*
   when at least ``min_consecutive`` consecutive checkpoints of the region are below.
-  ``depth`` = reference - lowest value in the region. The family *recovers* when the
-  last checkpoint is no longer below the reference (within the same tolerance).
+  ``depth`` = reference - lowest value in the region. ``recovery`` = the fraction of the
+  depth regained by the last checkpoint ((last - lowest) / depth); ``recovered`` = the
+  last checkpoint is no longer below the reference (within the same tolerance), i.e. a
+  full recovery.
   For tracks where lower is better (bits per byte) pass ``higher_is_better=False``.
 * **averaging** (:func:`averaging_dip`): the depth of the same dip on the raw ladder and
   on a ladder of k-checkpoint averages (scored with the same probes); ``reduction`` =
@@ -186,12 +188,15 @@ CAPABILITY_FAMILIES = ("arith_plain", "relation_plain")
 def check_planted_dip(scores: pd.DataFrame, summary: pd.DataFrame | None, lineage, *,
                       conflict_families: Iterable[str] = CONFLICT_FAMILIES,
                       capability_families: Iterable[str] = CAPABILITY_FAMILIES,
-                      min_families: int = 2, sd_factor: float = 3.0, bpb_rel_tol: float = 0.01) -> dict:
+                      min_families: int = 2, sd_factor: float = 3.0, bpb_rel_tol: float = 0.01,
+                      min_recovery: float = 0.5) -> dict:
     """The planted-dip criteria on one scored ladder, per planted window of ``lineage``:
 
     * at least ``min_families`` conflict families dip (:func:`planted_dip`: >= 2
       consecutive checkpoints inside or right after the window below the pre-window value
-      by more than ``sd_factor`` x their evaluation-seed sd) and recover;
+      by more than ``sd_factor`` x their evaluation-seed sd) and recover: by the last
+      checkpoint they regain at least ``min_recovery`` of the dip's depth (``recovery``;
+      1.0 = back to the pre-window value; ``recovered`` in the table is the full recovery);
     * no capability family dips by the same rule;
     * held-out bits per byte (``summary``'s ``heldout_nll`` rows, when present) does not
       rise by more than ``bpb_rel_tol`` (relative to the pre-window value) over >= 2
@@ -214,10 +219,12 @@ def check_planted_dip(scores: pd.DataFrame, summary: pd.DataFrame | None, lineag
     for name in dict.fromkeys(allp["window"]) if len(allp) else []:
         d = allp[allp["window"] == name]
         conf = d[d["family"].isin(set(conflict_families))]
+        rec = conf["recovery"].fillna(0.0) >= min_recovery
         out.append({
             "window": name,
-            "dipped_and_recovered": sorted(conf[conf["dipped"] & conf["recovered"]]["family"]),
-            "dipped_not_recovered": sorted(conf[conf["dipped"] & ~conf["recovered"]]["family"]),
+            "dipped_and_recovered": sorted(conf[conf["dipped"] & rec]["family"]),
+            "dipped_not_recovered": sorted(conf[conf["dipped"] & ~rec]["family"]),
+            "recovery": {f: round(float(r), 3) for f, r in zip(conf["family"], conf["recovery"]) if np.isfinite(r)},
             "capability_dipped": sorted(d[d["family"].isin(set(capability_families)) & d["dipped"]]["family"]),
             "bpb_dipped": bool(d[(d["family"] == "heldout_nll") & d["dipped"]].shape[0]),
         })
