@@ -126,3 +126,10 @@ def test_check_planted_dip_verdict():
     bad_bpb = summ.assign(bits_per_byte=[0.9, 0.8, 0.7, 0.6, 0.65, 0.66, 0.55, 0.5, 0.45, 0.4])
     v = check_planted_dip(good, bad_bpb, lineage)
     assert v["windows"][0]["bpb_dipped"] and not v["pass"]
+
+
+def test_averaging_reduction_only_for_a_raw_dip():
+    raw = _scores({"flat": FLAT})
+    avg = raw[raw["step"] >= 1000].assign(checkpoint=lambda d: "avg5-" + d["checkpoint"])
+    m = averaging_dip(raw, avg, WINDOWS, window_size=5)
+    assert not m["dipped_raw"].item() and np.isnan(m["reduction"].item())

@@ -141,8 +141,8 @@ def averaging_dip(raw_scores: pd.DataFrame, avg_scores: pd.DataFrame, windows: S
                   families: Iterable[str] | None = None, window_size: int | None = None) -> pd.DataFrame:
     """Depth of each planted window's dip per family on the raw ladder and on the
     averaged ladder: columns ``window, family, k, depth_raw, min_step_raw, depth_avg,
-    min_step_avg, reduction`` (``reduction`` = 1 - depth_avg / depth_raw; NaN when the
-    raw ladder shows no dip, i.e. ``depth_raw <= 0``). Averaged checkpoints are labelled
+    min_step_avg, reduction`` (``reduction`` = 1 - depth_avg / depth_raw; NaN unless the
+    raw track dips, ``dipped_raw``, by :func:`planted_dip` with one checkpoint enough). Averaged checkpoints are labelled
     with their last source step, so their dip region is the same step range; when no
     average precedes the window, the first average inside it is the reference
     (``ref_step_avg``).
@@ -152,8 +152,8 @@ def averaging_dip(raw_scores: pd.DataFrame, avg_scores: pd.DataFrame, windows: S
     cols = ["window", "family", "depth", "min_step", "ref_step", "dipped"]
     m = raw[cols].merge(avg[cols], on=["window", "family"], how="outer", suffixes=("_raw", "_avg"))
     m.insert(2, "k", window_size)
-    m["reduction"] = [1.0 - a / r if np.isfinite(r) and r > 0 and np.isfinite(a) else np.nan
-                      for r, a in zip(m["depth_raw"], m["depth_avg"])]
+    m["reduction"] = [1.0 - a / r if d is True and np.isfinite(r) and r > 0 and np.isfinite(a) else np.nan
+                      for r, a, d in zip(m["depth_raw"], m["depth_avg"], m["dipped_raw"])]
     return m
 
 
