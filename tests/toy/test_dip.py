@@ -92,7 +92,7 @@ def test_averaging_dip_depth_raw_vs_averaged(tmp_path):
     assert m.loc["dip", "ref_step_avg"] == 1000
     assert 0 < m.loc["dip", "depth_avg"] < m.loc["dip", "depth_raw"]
     assert m.loc["dip", "reduction"] == pytest.approx(1 - m.loc["dip", "depth_avg"] / m.loc["dip", "depth_raw"])
-    # written into RUN/dynamics/averaging_dip.csv
+    # written into RUN/averaged/averaging_dip.csv
     run, arun = tmp_path / "run", tmp_path / "run" / "averaged"
     arun.mkdir(parents=True)
     raw.to_parquet(run / "scores.parquet")
@@ -102,7 +102,7 @@ def test_averaging_dip_depth_raw_vs_averaged(tmp_path):
     (tmp_path / "lineage.json").write_text(json.dumps({"windows": WINDOWS}))
     path = write_averaging_dip(run, arun, tmp_path / "lineage.json", window_size=5, families=None)
     csv = pd.read_csv(path)
-    assert path == run / "dynamics" / "averaging_dip.csv"
+    assert path == arun / "averaging_dip.csv"
     assert set(csv["family"]) == {"dip", "flat"}
     assert write_averaging_dip(run, tmp_path / "nothing", tmp_path / "lineage.json") is None
 

@@ -163,7 +163,8 @@ CONFLICT_FAMILIES = ("arith_pattern", "tmpl_repeated", "tmpl_flipped", "tmpl_mis
 
 def write_averaging_dip(run_dir, avg_run_dir, lineage, *, window_size: int | None = None,
                         families: Iterable[str] | None = CONFLICT_FAMILIES) -> Path | None:
-    """Write ``RUN/dynamics/averaging_dip.csv``: :func:`averaging_dip` of the raw run
+    """Write ``AVG_RUN/averaging_dip.csv`` (e.g. ``RUN/averaged/``; not ``RUN/dynamics/``, which
+    ``compute_dynamics`` replaces whole): :func:`averaging_dip` of the raw run
     (``run_dir/scores.parquet``) and the averaged run (``avg_run_dir/scores.parquet``) over
     the planted windows of ``lineage`` (``data_lineage.json``). Returns the path, or None
     when the lineage has no planted window or a run has no scores."""
@@ -175,7 +176,7 @@ def write_averaging_dip(run_dir, avg_run_dir, lineage, *, window_size: int | Non
         return None
     df = averaging_dip(pd.read_parquet(raw_p), pd.read_parquet(avg_p), windows, families=families,
                        window_size=window_size)
-    path = Path(run_dir) / "dynamics" / "averaging_dip.csv"
+    path = Path(avg_run_dir) / "averaging_dip.csv"
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_csv(path, df)
     return path
