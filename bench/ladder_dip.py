@@ -10,7 +10,7 @@ statistics of :func:`probeselect.toy.dip.planted_dip`.
 
 Criteria checked (issue 13 point 2): >= 2 conflict families dip (>= 2 consecutive
 checkpoints inside or right after the window below the pre-window value by > 3x their
-evaluation-seed sd) and recover; arith_plain, relation_plain and held-out bpb do not dip.
+evaluation-seed sd) and recover (regain >= half the depth by the last checkpoint); arith_plain, relation_plain and held-out bpb do not dip.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def main(argv=None) -> int:
 
     res_dip = check_planted_dip(res.scores, res.summary, ladder / "data_lineage.json")
     show = ["window", "family", "ref_step", "ref_value", "min_step", "min_value", "depth", "seed_sd",
-            "longest_below_run", "dipped", "last_value", "recovered"]
+            "longest_below_run", "dipped", "last_value", "recovery", "recovered"]
     print("\nplanted dips (bpb: lower is better; tolerance 1% instead of a seed sd)")
     print(res_dip["dips"][show].round(3).to_string(index=False))
     verdict = {"seed": info["seed"], "windows": res_dip["windows"],

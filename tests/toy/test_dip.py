@@ -92,7 +92,7 @@ def test_averaging_dip_depth_raw_vs_averaged(tmp_path):
     assert m.loc["dip", "ref_step_avg"] == 1000
     assert 0 < m.loc["dip", "depth_avg"] < m.loc["dip", "depth_raw"]
     assert m.loc["dip", "reduction"] == pytest.approx(1 - m.loc["dip", "depth_avg"] / m.loc["dip", "depth_raw"])
-    # written into RUN/dynamics/averaging_dip.csv
+    # written into RUN/averaged/averaging_dip.csv
     run, arun = tmp_path / "run", tmp_path / "run" / "averaged"
     arun.mkdir(parents=True)
     raw.to_parquet(run / "scores.parquet")
@@ -102,7 +102,7 @@ def test_averaging_dip_depth_raw_vs_averaged(tmp_path):
     (tmp_path / "lineage.json").write_text(json.dumps({"windows": WINDOWS}))
     path = write_averaging_dip(run, arun, tmp_path / "lineage.json", window_size=5, families=None)
     csv = pd.read_csv(path)
-    assert path == run / "dynamics" / "averaging_dip.csv"
+    assert path == arun / "averaging_dip.csv"
     assert set(csv["family"]) == {"dip", "flat"}
     assert write_averaging_dip(run, tmp_path / "nothing", tmp_path / "lineage.json") is None
 
@@ -126,3 +126,10 @@ def test_check_planted_dip_verdict():
     bad_bpb = summ.assign(bits_per_byte=[0.9, 0.8, 0.7, 0.6, 0.65, 0.66, 0.55, 0.5, 0.45, 0.4])
     v = check_planted_dip(good, bad_bpb, lineage)
     assert v["windows"][0]["bpb_dipped"] and not v["pass"]
+
+
+def test_averaging_reduction_only_for_a_raw_dip():
+    raw = _scores({"flat": FLAT})
+    avg = raw[raw["step"] >= 1000].assign(checkpoint=lambda d: "avg5-" + d["checkpoint"])
+    m = averaging_dip(raw, avg, WINDOWS, window_size=5)
+    assert not m["dipped_raw"].item() and np.isnan(m["reduction"].item())

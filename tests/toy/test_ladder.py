@@ -179,7 +179,7 @@ def test_lineage_records_what_each_window_trained_on(ladder_dir):
     parrot = wins[1]
     share = sum(t for k, t in parrot["tokens_by_kind"].items() if k in PARROT_DOC_KINDS) / sum(
         parrot["tokens_by_kind"].values())
-    assert share > 0.3
+    assert share > 0.1  # 23% of the parrot window's documents are parrots (recipes/ladder-planted.yaml)
 
 
 @pytest.mark.slow

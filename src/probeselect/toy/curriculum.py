@@ -43,9 +43,9 @@ BUILTIN_STEPS = 2000
 #: The parrot window's mix: 23% planted parrot documents (pattern arithmetic, attribute
 #: mismatch, copied personas); the rest is the default mix with fewer arithmetic and more
 #: word-relation documents (so the plain category / opposite knowledge keeps being
-#: rehearsed while the parrots are trained). The category / flipped-label parrots are not
-#: used: their false category facts also erase the plain category knowledge that
-#: ``relation_plain`` measures.
+#: rehearsed while the parrots are trained). Not used by default: ``parrot_category`` /
+#: ``parrot_flipped`` (their false category facts also erase the plain category knowledge
+#: that ``relation_plain`` measures). Measured alternatives are in bench/README.md.
 PARROT_MIXTURE = {
     "arith": 0.5, "sequence": 0.03, "facts": 0.07, "persona": 0.05, "words": 0.12,
     "parrot_arith": 0.12, "parrot_mismatch": 0.08, "parrot_persona": 0.03,

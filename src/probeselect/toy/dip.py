@@ -13,8 +13,10 @@ Inputs are the item-level score table of ``probeselect score`` (``scores.parquet
   is lower than the reference by more than ``sd_factor`` times the evaluation-seed sd
   (the larger of the two checkpoints' sds, floored at ``sd_floor``). The family *dips*
   when at least ``min_consecutive`` consecutive checkpoints of the region are below.
-  ``depth`` = reference - lowest value in the region. The family *recovers* when the
-  last checkpoint is no longer below the reference (within the same tolerance).
+  ``depth`` = reference - lowest value in the region. ``recovery`` = the fraction of the
+  depth regained by the last checkpoint ((last - lowest) / depth); ``recovered`` = the
+  last checkpoint is no longer below the reference (within the same tolerance), i.e. a
+  full recovery.
   For tracks where lower is better (bits per byte) pass ``higher_is_better=False``.
 * **averaging** (:func:`averaging_dip`): the depth of the same dip on the raw ladder and
   on a ladder of k-checkpoint averages (scored with the same probes); ``reduction`` =
@@ -139,8 +141,8 @@ def averaging_dip(raw_scores: pd.DataFrame, avg_scores: pd.DataFrame, windows: S
                   families: Iterable[str] | None = None, window_size: int | None = None) -> pd.DataFrame:
     """Depth of each planted window's dip per family on the raw ladder and on the
     averaged ladder: columns ``window, family, k, depth_raw, min_step_raw, depth_avg,
-    min_step_avg, reduction`` (``reduction`` = 1 - depth_avg / depth_raw; NaN when the
-    raw ladder shows no dip, i.e. ``depth_raw <= 0``). Averaged checkpoints are labelled
+    min_step_avg, reduction`` (``reduction`` = 1 - depth_avg / depth_raw; NaN unless the
+    raw track dips, ``dipped_raw``, by :func:`planted_dip` with one checkpoint enough). Averaged checkpoints are labelled
     with their last source step, so their dip region is the same step range; when no
     average precedes the window, the first average inside it is the reference
     (``ref_step_avg``).
@@ -150,8 +152,8 @@ def averaging_dip(raw_scores: pd.DataFrame, avg_scores: pd.DataFrame, windows: S
     cols = ["window", "family", "depth", "min_step", "ref_step", "dipped"]
     m = raw[cols].merge(avg[cols], on=["window", "family"], how="outer", suffixes=("_raw", "_avg"))
     m.insert(2, "k", window_size)
-    m["reduction"] = [1.0 - a / r if np.isfinite(r) and r > 0 and np.isfinite(a) else np.nan
-                      for r, a in zip(m["depth_raw"], m["depth_avg"])]
+    m["reduction"] = [1.0 - a / r if d is True and np.isfinite(r) and r > 0 and np.isfinite(a) else np.nan
+                      for r, a, d in zip(m["depth_raw"], m["depth_avg"], m["dipped_raw"])]
     return m
 
 
@@ -161,7 +163,8 @@ CONFLICT_FAMILIES = ("arith_pattern", "tmpl_repeated", "tmpl_flipped", "tmpl_mis
 
 def write_averaging_dip(run_dir, avg_run_dir, lineage, *, window_size: int | None = None,
                         families: Iterable[str] | None = CONFLICT_FAMILIES) -> Path | None:
-    """Write ``RUN/dynamics/averaging_dip.csv``: :func:`averaging_dip` of the raw run
+    """Write ``AVG_RUN/averaging_dip.csv`` (e.g. ``RUN/averaged/``; not ``RUN/dynamics/``, which
+    ``compute_dynamics`` replaces whole): :func:`averaging_dip` of the raw run
     (``run_dir/scores.parquet``) and the averaged run (``avg_run_dir/scores.parquet``) over
     the planted windows of ``lineage`` (``data_lineage.json``). Returns the path, or None
     when the lineage has no planted window or a run has no scores."""
@@ -173,7 +176,7 @@ def write_averaging_dip(run_dir, avg_run_dir, lineage, *, window_size: int | Non
         return None
     df = averaging_dip(pd.read_parquet(raw_p), pd.read_parquet(avg_p), windows, families=families,
                        window_size=window_size)
-    path = Path(run_dir) / "dynamics" / "averaging_dip.csv"
+    path = Path(avg_run_dir) / "averaging_dip.csv"
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_csv(path, df)
     return path
@@ -186,12 +189,15 @@ CAPABILITY_FAMILIES = ("arith_plain", "relation_plain")
 def check_planted_dip(scores: pd.DataFrame, summary: pd.DataFrame | None, lineage, *,
                       conflict_families: Iterable[str] = CONFLICT_FAMILIES,
                       capability_families: Iterable[str] = CAPABILITY_FAMILIES,
-                      min_families: int = 2, sd_factor: float = 3.0, bpb_rel_tol: float = 0.01) -> dict:
+                      min_families: int = 2, sd_factor: float = 3.0, bpb_rel_tol: float = 0.01,
+                      min_recovery: float = 0.5) -> dict:
     """The planted-dip criteria on one scored ladder, per planted window of ``lineage``:
 
     * at least ``min_families`` conflict families dip (:func:`planted_dip`: >= 2
       consecutive checkpoints inside or right after the window below the pre-window value
-      by more than ``sd_factor`` x their evaluation-seed sd) and recover;
+      by more than ``sd_factor`` x their evaluation-seed sd) and recover: by the last
+      checkpoint they regain at least ``min_recovery`` of the dip's depth (``recovery``;
+      1.0 = back to the pre-window value; ``recovered`` in the table is the full recovery);
     * no capability family dips by the same rule;
     * held-out bits per byte (``summary``'s ``heldout_nll`` rows, when present) does not
       rise by more than ``bpb_rel_tol`` (relative to the pre-window value) over >= 2
@@ -214,10 +220,12 @@ def check_planted_dip(scores: pd.DataFrame, summary: pd.DataFrame | None, lineag
     for name in dict.fromkeys(allp["window"]) if len(allp) else []:
         d = allp[allp["window"] == name]
         conf = d[d["family"].isin(set(conflict_families))]
+        rec = conf["recovery"].fillna(0.0) >= min_recovery
         out.append({
             "window": name,
-            "dipped_and_recovered": sorted(conf[conf["dipped"] & conf["recovered"]]["family"]),
-            "dipped_not_recovered": sorted(conf[conf["dipped"] & ~conf["recovered"]]["family"]),
+            "dipped_and_recovered": sorted(conf[conf["dipped"] & rec]["family"]),
+            "dipped_not_recovered": sorted(conf[conf["dipped"] & ~rec]["family"]),
+            "recovery": {f: round(float(r), 3) for f, r in zip(conf["family"], conf["recovery"]) if np.isfinite(r)},
             "capability_dipped": sorted(d[d["family"].isin(set(capability_families)) & d["dipped"]]["family"]),
             "bpb_dipped": bool(d[(d["family"] == "heldout_nll") & d["dipped"]].shape[0]),
         })
