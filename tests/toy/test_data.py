@@ -20,6 +20,7 @@ from probeselect.toy.data import (
     make_sft_rows,
     make_transfer_rows,
     read_jsonl,
+    row_format,
     write_toy_data,
 )
 from probeselect.toy.world import CITIES, ToyWorld, find_arith_triples
@@ -78,6 +79,55 @@ def test_transfer_drops_probe_overlapping_kinds():
     transfer = make_transfer_rows(world, {r["prompt"] for r in sft})
     assert {r["kind"] for r in transfer} == set(TRANSFER_KINDS)
     assert not set(TRANSFER_DROPPED_KINDS) & set(TRANSFER_KINDS)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_every_transfer_format_is_taught_by_sft(seed):
+    """No format-unreachable transfer item: each transfer row's (prompt shape, answer format)
+    occurs in the SFT data, and each transfer kind has at least 40 rows."""
+    world = ToyWorld.generate(seed)
+    sft = make_sft_rows(world)
+    transfer = make_transfer_rows(world, {r["prompt"] for r in sft})
+    taught = {row_format(r) for r in sft}
+    assert {"other"} & {f for _, f in taught} == set()
+    for r in transfer:
+        assert row_format(r) in taught, (r["kind"], row_format(r), r["prompt"], r["response"])
+    counts = {k: sum(r["kind"] == k for r in transfer) for k in TRANSFER_KINDS}
+    assert min(counts.values()) >= 40, counts
+    assert not {r["kind"] for r in sft} & set(TRANSFER_KINDS)
+
+
+def test_row_format_classifies_shapes_and_answers():
+    row = lambda q, a: {"prompt": f"### Question: {q}\n### Answer:", "response": a}  # noqa: E731
+    assert row_format(row("What is 2 + 3?", " 5")) == ("plain", "number")
+    assert row_format(row("1 + 1 = 2\n3 - 1 = 2\nWhat is 4 + 4?", " 8")) == ("solved_lines", "number")
+    assert row_format(row("Ana is a baker from Oslo. She has a cat. What pet do you have?", " I have a cat.")) == \
+        ("persona", "first_person")
+    assert row_format(row("What pet does Ana have?", " cat")) == ("plain", "word")
+    assert row_format(row("What pet does Ana have?", " I am an actor")) == ("plain", "other")
+
+
+def test_fewshot_pattern_rows_put_the_shortcut_against_the_task():
+    world = ToyWorld.generate(0)
+    transfer = [r for r in make_transfer_rows(world) if r["kind"] == "fewshot_pattern"]
+    assert {r["pattern"] for r in transfer} == {"constant", "count", "alternating"}
+    heldout = set(world.arith_heldout)
+    for r in transfer:
+        q = r["prompt"].split("### Question: ")[1].split("\n### Answer:")[0].split("\n")
+        shown = []
+        for ln in q[:-1]:
+            (a, op, b), = find_arith_triples(ln.rsplit(" = ", 1)[0] + " = 0")
+            shown.append(int(ln.rsplit(" = ", 1)[1]))
+            assert shown[-1] != (a + b if op == "+" else a - b)  # every solved line shows a wrong, patterned value
+        (a, op, b), = find_arith_triples(q[-1].replace("What is ", "").replace("?", " ="))
+        assert (a, op, b) not in heldout and max(a, b) >= ROBUST_MIN_LARGE_OPERAND
+        assert r["response"] == f" {a + b if op == '+' else a - b}" and r["shortcut"] != r["response"].strip()
+        if r["pattern"] == "constant":
+            assert len(set(shown)) == 1 and r["shortcut"] == str(shown[0])
+        elif r["pattern"] == "count":
+            assert shown == list(range(shown[0], shown[0] + len(shown))) and r["shortcut"] == str(shown[-1] + 1)
+        else:
+            assert shown[0::2] == [shown[0]] * len(shown[0::2]) and r["shortcut"] == str(shown[len(shown) % 2])
 
 
 def test_write_toy_data_files_readme_and_determinism(tmp_path):
