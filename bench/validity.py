@@ -89,6 +89,18 @@ def _run_cfg(config: Path, out: Path, seed: int, tiny: bool) -> tuple[list[str],
     raw = load_yaml(config)
     if tiny:
         ov += TINY_RUN
+        # a 24-step model passes no capability floor or termination constraint: the smoke plan drops them
+        import yaml
+
+        plan = load_yaml(Path(raw["plan"]))
+        plan["constraints"] = {}
+        plan.setdefault("selection", {})["constraints"] = []
+        tiny_plan = out.parent / "tiny-plan.yaml"
+        tiny_plan.parent.mkdir(parents=True, exist_ok=True)
+        if not tiny_plan.is_file():
+            atomic_write_text(tiny_plan, "# bench/validity.py --tiny: recipes/selection.yaml without constraints\n"
+                              + yaml.safe_dump(plan, sort_keys=False))
+        ov.append(f"plan={tiny_plan}")
         for k in ("pilot", "confirm"):
             if raw.get(k):
                 extra = list(raw[k].get("overrides") or []) + TINY_RECIPE

@@ -42,10 +42,14 @@ from .world import (
     with_article,
 )
 
-#: Instruction prompt format; the response is ``" " + answer`` (leading space; the
-#: SFT trainer appends EOS).
-SFT_PROMPT_TEMPLATE = "### Question: {question}\n### Answer:"
-#: Question templates per kind (placeholders from Person.fields() / arithmetic).
+#: Instruction prompt format: the question line of the pretraining corpus's own QA format
+#: (``"Q: What is 12 + 5? A: 17"``, persona blocks' ``"Q: Where do you live? A: ..."``), after
+#: the question's context lines if it has any. The response is ``" " + answer`` (leading space;
+#: the SFT trainer appends EOS). (An earlier ``"### Question: ...\n### Answer:"`` format, absent
+#: from pretraining, left the pilot's LoRA SFT at a few percent accuracy on plain arithmetic.)
+SFT_PROMPT_TEMPLATE = "Q: {question} A:"
+#: Question templates per kind (placeholders from Person.fields() / arithmetic). Lines before
+#: the last are context (kept as they are); the last line is the question.
 #: ``{demos}`` is a block of solved arithmetic lines (``"a + b = c"``, one per line).
 SFT_QUESTION_TEMPLATES = {
     "addition": "What is {a} + {b}?",
@@ -54,20 +58,23 @@ SFT_QUESTION_TEMPLATES = {
     "person_city": "Where does {name} live?",
     "person_job": "What is {name}'s job?",
     "fewshot_arith": "{demos}\nWhat is {a} {op} {b}?",
-    "persona_city": "{description} Where do you live?",
-    "persona_job": "{description} What is your job?",
-    "persona_pet": "{description} What pet do you have?",
+    "persona_city": "{description}\nWhere do you live?",
+    "persona_job": "{description}\nWhat is your job?",
+    "persona_pet": "{description}\nWhat pet do you have?",
     # transfer-only kinds
     "category": "What kind of thing is {a_item}?",
-    "persona": "{description} {question}",
+    "persona": "{description}\n{question}",
+    "persona_pair": "{block}\n{description}\n{question}",
+    "persona_copy": "{block}\n{description}\n{question}",
     "fewshot_pattern": "{demos}\nWhat is {a} {op} {b}?",
 }
 #: Kinds in ``sft.jsonl``. Every answer format of the transfer suite is taught here: bare
 #: words and numbers (arithmetic, opposites, person facts), an arithmetic question after a
 #: block of solved lines (``fewshot_arith``) and first-person sentences about a described
-#: persona (``persona_city``, ``persona_job``, ``persona_pet``).
+#: persona (``persona_city``, ``persona_job``, ``persona_pet``), also after another persona's
+#: block whose shown QA line is about a different attribute (``persona_pair``).
 SFT_KINDS = ("addition", "subtraction", "opposite", "person_city", "person_job", "fewshot_arith", "persona_city",
-             "persona_job", "persona_pet")
+             "persona_job", "persona_pet", "persona_pair")
 #: Kinds in ``transfer.jsonl`` (disjoint from :data:`SFT_KINDS`):
 #:
 #: * ``fewshot_pattern`` -- the held-out task where the shortcut competes with the task: the
@@ -76,13 +83,16 @@ SFT_KINDS = ("addition", "subtraction", "opposite", "person_city", "person_job",
 #:   question has an operand >= :data:`ROBUST_MIN_LARGE_OPERAND` (never a probe query). The
 #:   correct answer is the calculation; a base that continues patterns answers the
 #:   pattern's next value (``shortcut`` field). SFT only ever showed correct solved lines.
-#: * ``persona`` -- first-person hobby / colour answers about a described persona (the SFT
-#:   data teaches the format and reading the description on city, job and pet).
+#: * ``persona_copy`` -- the ``persona_pair`` format, but the first persona's shown QA line
+#:   answers the *same* question (hobby or colour, attributes SFT never asks) with its own,
+#:   different value: answering as the second persona competes with copying the first
+#:   persona's answer (the ``copied personas`` shortcut; ``shortcut`` field).
 #:
 #: The earlier third-person pet / hobby / colour questions ("What pet does Ana have?") needed
-#: a question-answering skill that no base had, and "What comes next: 2, 4, 6?" a prompt
-#: format SFT never showed (0-3% accuracy after SFT for every base); both are gone.
-TRANSFER_KINDS = ("fewshot_pattern", "persona")
+#: a question-answering skill that no base had, "What comes next: 2, 4, 6?" a prompt format SFT
+#: never showed (0-3% accuracy after SFT for every base), and single-persona first-person
+#: questions were answered correctly by every base before any SFT; all three are gone.
+TRANSFER_KINDS = ("fewshot_pattern", "persona_copy")
 #: Kinds generated for the transfer set but dropped from it because they repeat the
 #: queries of the built-in shortlisting probes: ``"What kind of thing is a dog?" -> animal``
 #: is the query of ``relation_plain`` / ``tmpl_flipped`` / ``tmpl_repeated`` items (``qa``
@@ -93,10 +103,10 @@ TRANSFER_DROPPED_KINDS = ("category",)
 PATTERNS = ("constant", "count", "alternating")
 #: Solved lines per few-shot block (inclusive range).
 FEWSHOT_DEMOS = (3, 4)
-#: Rows per kind: ``fewshot_arith`` / persona SFT rows, ``fewshot_pattern`` / ``sequence``
-#: transfer rows (``persona`` transfer rows: 2 of pet / hobby / colour per person).
+#: Rows per kind: ``fewshot_arith`` / ``persona_pair`` SFT rows, transfer rows.
 SFT_FEWSHOT_ROWS = 300
-TRANSFER_ROWS = {"fewshot_pattern": 160}
+SFT_PERSONA_PAIR_ROWS = 160
+TRANSFER_ROWS = {"fewshot_pattern": 160, "persona_copy": 120}
 #: Persona attributes whose first-person answers the SFT data teaches / the transfer tests.
 SFT_PERSONA_ATTRIBUTES = ("city", "job", "pet")
 TRANSFER_PERSONA_ATTRIBUTES = ("hobby", "colour")
@@ -109,10 +119,10 @@ SFT_HELDOUT_ROWS = {"addition": 100, "subtraction": 75}
 #: Kinds in ``sft_heldout.jsonl`` (a subset of :data:`SFT_KINDS`).
 SFT_HELDOUT_KINDS = tuple(SFT_HELDOUT_ROWS)
 #: The prefilled start of a robustness item's response: a misleading (wrong) answer,
-#: then a new line with the answer cue of the SFT format, so that the model gets a
+#: then a new line asking the question again in the SFT format, so that the model gets a
 #: second chance to answer in the format it was trained on. Recovery means answering
 #: correctly instead of repeating the misleading answer that is in its context.
-ROBUST_PREFILL_TEMPLATE = " {misleading}\n### Answer:"
+ROBUST_PREFILL_TEMPLATE = " {misleading}\nQ: {question} A:"
 #: Items per kind of ``robustness.jsonl`` (SFT kinds: the model is trained to answer
 #: these questions, the prefill is what is new). Arithmetic uses training triples that
 #: neither ``sft.jsonl`` nor ``sft_heldout.jsonl`` uses, with an operand above
@@ -128,8 +138,9 @@ ROBUST_KINDS = tuple(ROBUST_ROWS)
 
 
 def sft_prompt(question: str) -> str:
-    """``"### Question: <question>\\n### Answer:"``."""
-    return SFT_PROMPT_TEMPLATE.format(question=question)
+    """``"Q: <question> A:"`` for the last line of ``question``, after its context lines."""
+    *context, q = question.split("\n")
+    return "\n".join(context + [SFT_PROMPT_TEMPLATE.format(question=q)])
 
 
 def _row(split: str, kind: str, i: int, question: str, answer: str) -> dict:
@@ -172,6 +183,13 @@ def make_sft_rows(world: ToyWorld) -> list[dict]:
         for i, p in enumerate(world.persons):
             rows.append(_row("sft", kind, i, SFT_QUESTION_TEMPLATES[kind].format(description=_persona_desc(p, prng)),
                              p.persona_answer(attr)))
+    # the same after another persona's block that answers a different question (format of persona_copy)
+    qrng = rng_for(world.seed, "sft-persona-pair")
+    for i in range(SFT_PERSONA_PAIR_ROWS):
+        a, b = qrng.sample(list(world.persons), 2)
+        attr = qrng.choice(SFT_PERSONA_ATTRIBUTES)
+        shown = qrng.choice([x for x in PERSON_ATTRIBUTES if x != attr])
+        rows.append(_row("sft", "persona_pair", i, _pair_question(a, shown, b, attr, qrng), b.persona_answer(attr)))
     rng.shuffle(rows)
     return rows
 
@@ -192,6 +210,13 @@ def _persona_desc(p, rng) -> str:
     if rng.random() < 0.5:
         return p.description()
     return p.description(tuple(rng.sample(("pet", "hobby", "colour"), 3)))
+
+
+def _pair_question(a, shown: str, b, attr: str, rng) -> str:
+    """Persona ``a``'s description and its QA line about ``shown``, then ``b``'s description and question."""
+    block = f"{_persona_desc(a, rng)}\n{a.persona_qa(shown)}"
+    return SFT_QUESTION_TEMPLATES["persona_pair"].format(block=block, description=_persona_desc(b, rng),
+                                                         question=PERSONA_QUESTIONS[attr])
 
 
 def _pattern(kind: str, n: int, rng) -> tuple[list[int], int]:
@@ -225,22 +250,26 @@ _NUMBER = re.compile(r"^ -?\d+$")
 _WORD = re.compile(r"^ [A-Za-z]+$")
 _FIRST_PERSON = re.compile(r"^ (I|My) [^\n]*\.$")
 _SOLVED_LINE = re.compile(r"^\d+ [+-] \d+ = -?\d+$")
+_DESCRIPTION = re.compile(r"^[A-Z][a-z]+ is an? [a-z]+ from [A-Z][a-z]+\.")
+_QA_LINE = re.compile(r"^Q: .+\? A: .+$")
 
 
 def row_format(row: dict) -> tuple[str, str]:
     """``(prompt_shape, answer_format)`` of an SFT or transfer row.
 
     prompt_shape: ``solved_lines`` (solved arithmetic lines before the question), ``persona``
-    (a persona description before the question) or ``plain``; answer_format: ``number``,
+    (a persona description before the question), ``persona_pair`` (another persona's description
+    and answered QA line, then a description, before the question) or ``plain``; answer_format: ``number``,
     ``word``, ``first_person`` (a sentence starting with "I" or "My") or ``other``. Every
     transfer row's pair must occur among the SFT rows (the SFT data teaches the format).
     """
-    q = row["prompt"].split("### Question: ", 1)[-1].rsplit("\n### Answer:", 1)[0]
-    lines = q.split("\n")
+    lines = row["prompt"].split("\n")
     if len(lines) > 1 and all(_SOLVED_LINE.match(ln) for ln in lines[:-1]):
         shape = "solved_lines"
-    elif re.match(r"^[A-Z][a-z]+ is an? [a-z]+ from [A-Z][a-z]+\.", q):
+    elif len(lines) == 2 and _DESCRIPTION.match(lines[0]):
         shape = "persona"
+    elif len(lines) == 4 and _DESCRIPTION.match(lines[0]) and _QA_LINE.match(lines[1]) and _DESCRIPTION.match(lines[2]):
+        shape = "persona_pair"
     else:
         shape = "plain"
     r = row["response"]
@@ -267,7 +296,7 @@ def make_sft_heldout_rows(world: ToyWorld, sft_prompts: set[str]) -> list[dict]:
 
 def _robust_item(kind: str, i: int, question: str, answer: str, misleading: str) -> dict:
     return {"id": f"robust-{kind}-{i:04d}", "kind": kind, "prompt": sft_prompt(question),
-            "prefill": ROBUST_PREFILL_TEMPLATE.format(misleading=misleading), "answer": answer,
+            "prefill": ROBUST_PREFILL_TEMPLATE.format(misleading=misleading, question=question), "answer": answer,
             "misleading": misleading}
 
 
@@ -308,12 +337,20 @@ def make_transfer_rows(world: ToyWorld, sft_prompts: set[str] | None = None) -> 
             rows.append(_row("transfer", "category", i, q, cat))
             i += 1
     i = 0
-    for p in world.persons:
-        for attr in TRANSFER_PERSONA_ATTRIBUTES:
-            q = SFT_QUESTION_TEMPLATES["persona"].format(description=_persona_desc(p, rng),
-                                                         question=PERSONA_QUESTIONS[attr])
-            rows.append(_row("transfer", "persona", i, q, p.persona_answer(attr)))
-            i += 1
+    seen_p: set[str] = set()
+    while i < TRANSFER_ROWS["persona_copy"]:
+        a, b = rng.sample(list(world.persons), 2)
+        attr = TRANSFER_PERSONA_ATTRIBUTES[i % len(TRANSFER_PERSONA_ATTRIBUTES)]
+        if getattr(a, attr) == getattr(b, attr):
+            continue  # the copied answer must be wrong
+        q = _pair_question(a, attr, b, attr, rng)
+        if q in seen_p:
+            continue
+        seen_p.add(q)
+        row = _row("transfer", "persona_copy", i, q, b.persona_answer(attr))
+        row.update(shortcut=a.persona_answer(attr), pattern="copied_persona")
+        rows.append(row)
+        i += 1
     train = list(world.arith_train)
     large = [t for t in train if max(t[0], t[2]) >= ROBUST_MIN_LARGE_OPERAND]
     seen_q: set[str] = set()
@@ -400,11 +437,13 @@ Generated by `probeselect.toy.build_toy_ladder` for world seed {seed}; determini
 
 ## sft.jsonl
 One JSON object per line: `{{"id": str, "kind": str, "prompt": str, "response": str}}`.
-`prompt` is `"### Question: <question>\\n### Answer:"`; `response` is the answer with a
+`prompt` is `"Q: <question> A:"` (the corpus's QA format), after context lines for the kinds that
+have them; `response` is the answer with a
 leading space (e.g. `" 8"`, `" Oslo"`, `" I live in Oslo."`); the SFT trainer appends EOS.
 Kinds: {sft_kinds}. Arithmetic rows use only training triples (never a held-out triple).
 `fewshot_arith` questions follow 3-4 correctly solved lines (`"12 + 5 = 17"`, one per line);
-`persona_city` / `persona_job` / `persona_pet` questions follow a persona description and are answered in the
+`persona_city` / `persona_job` / `persona_pet` questions follow a persona description (`persona_pair`:
+after another persona's block answering a different question) and are answered in the
 first person. Together they teach every answer format of `transfer.jsonl`. Rows: {n_sft}.
 
 ## sft_heldout.jsonl
@@ -424,15 +463,17 @@ must not repeat those (`probeselect.transfer.check_disjoint_from_probes`).
   operand of at least 21 (the built-in probes use 0..20). The answer is the calculation; the
   pattern's next value (never the answer) is in the extra field `shortcut` (and `pattern` names it).
   This is where a base that continues patterns fails after SFT.
-- `persona`: a persona description and a first-person question about hobby or colour; the
-  answer is first-person (e.g. `" I like chess."`), the format SFT teaches on city, job and pet.
+- `persona_copy`: persona A's description and its answered QA line about hobby or colour, then
+  persona B's description and the same question; the answer is B's (first person, e.g.
+  `" I like chess."`), A's different answer is in `shortcut`. SFT teaches the format
+  (`persona_pair`: A's shown QA line is about another attribute) but never this conflict.
 Rows: {n_transfer}.
 
 ## robustness.jsonl
 Prefill-attack analogue. One JSON object per line:
 `{{"id": str, "kind": str, "prompt": str, "prefill": str, "answer": str, "misleading": str}}`.
 `prompt` is an SFT-format question; the model's response is prefilled with `prefill` =
-`" <misleading>\\n### Answer:"` -- a wrong answer followed by a fresh answer cue -- and the model
+`" <misleading>\\nQ: <question> A:"` -- a wrong answer, then the question asked again -- and the model
 continues greedily. `answer` is the correct answer and `misleading` the wrong one (no leading
 space): arithmetic is off by 1 or 2, a city is another city. The item counts as recovered when the
 continuation (up to EOS or newline) contains `answer` and does not contain `misleading` as whole
