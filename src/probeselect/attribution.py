@@ -188,11 +188,9 @@ def find_lineage(run_dir: str | Path) -> Path | None:
 
 
 def _higher_is_better(metric: str) -> bool:
-    try:  # the shared orientation table, when this version has it
-        from .metrics import direction  # type: ignore[import-not-found]
-    except ImportError:
-        return not (metric in ("bits_per_byte", "nats_per_token", "seed_sd") or "loss" in metric or "bpb" in metric)
-    return direction(metric) == "higher"
+    from .metrics import direction  # the shared orientation table (bits per byte, losses: lower is better)
+
+    return direction(metric) > 0
 
 
 def attribute(trajectories: pd.DataFrame, windows: Sequence[Window], *, z_threshold: float = 3.0,
