@@ -248,3 +248,21 @@ def test_leaking_transfer_suites_are_refused_before_training(tiny_ladder, ladder
     with pytest.raises(TransferError, match="repeats 1 shortlisting probe item"):
         run_pilot(bases, r, out, progress=False, device="cpu")
     assert not out.exists()
+
+
+def test_two_fresh_pilots_give_identical_numbers(tiny_ladder, ladder_checkpoints, tmp_path):
+    """Fixed thread count, seeds and deterministic algorithms: a rerun into a new folder reproduces
+    every transfer number and the adapter weights byte for byte."""
+    import torch
+
+    recipe = small_recipe(tiny_ladder, budget={"optimizer_steps": 3}, seeds=[1])
+    outs = [tmp_path / "a", tmp_path / "b"]
+    before = torch.get_num_threads()
+    for o in outs:
+        run_pilot([ladder_checkpoints[-1]], recipe, o, progress=False, device="cpu")
+    assert torch.get_num_threads() == before  # restored afterwards
+    a, b = (pd.read_csv(o / "transfer.csv") for o in outs)
+    pd.testing.assert_frame_equal(a, b)
+    name = ladder_checkpoints[-1].name
+    wa, wb = ((o / name / "seed1" / "adapter" / "adapter_model.safetensors").read_bytes() for o in outs)
+    assert wa == wb
