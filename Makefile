@@ -35,7 +35,7 @@ demo: install
 	$(BIN)/probeselect run recipes/demo.yaml out=$(DEMO_DIR)
 	rm -rf results/example && mkdir -p results/example/pilot results/example/confirm
 	cd $(DEMO_DIR)/score && cp -r $(EXAMPLE_FILES) $(CURDIR)/results/example/
-	cd $(DEMO_DIR)/score && cp pilot/transfer.csv pilot/diagnostics.csv pilot/manifest.json $(CURDIR)/results/example/pilot/
+	cd $(DEMO_DIR)/score && cp pilot/transfer.csv pilot/transfer_base.csv pilot/diagnostics.csv pilot/manifest.json $(CURDIR)/results/example/pilot/
 	cd $(DEMO_DIR)/score && cp confirm/transfer.csv confirm/diagnostics.csv $(CURDIR)/results/example/confirm/
 	@echo "demo results: $(DEMO_DIR)/ (ladder/, score/ with report.html); example copy in results/example/"
 

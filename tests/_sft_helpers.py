@@ -18,7 +18,7 @@ def small_recipe(ladder: Path, **over) -> Recipe:
         heldout = d / "transfer.jsonl"  # same row format; mechanics tests only need some held-out rows
     raw = {
         "name": "test",
-        "data": {"train": str(d / "sft.jsonl"), "max_length": 64},
+        "data": {"train": str(d / "sft.jsonl"), "max_length": 128},
         "budget": {"optimizer_steps": 6},
         "optimizer": {"lr": 2e-3, "warmup_steps": 2, "micro_batch_size": 4, "grad_accum": 2,
                       "clip": {"rule": "global_norm", "max_norm": 1.0}},

@@ -61,6 +61,34 @@ def test_layout_tables_and_matching(pilot):
     assert (diag["sup_tokens"].to_numpy() == [m0["total_sup_tokens"], m1["total_sup_tokens"]] * 2).all()
 
 
+def test_base_transfer_before_sft(pilot):
+    """Every base is evaluated before SFT with the same harness: transfer_base.csv (seed "base")."""
+    import torch
+
+    from probeselect.score import load_model, load_tokenizer
+    from probeselect.transfer import evaluate_transfer, summarize_transfer
+
+    res, recipe, bases, out = pilot
+    tb = pd.read_csv(out / "transfer_base.csv")
+    assert list(tb.columns) == ["base", "seed", "metric", "value", "n"] and set(tb["seed"]) == {"base"}
+    assert sorted(tb["base"].unique()) == sorted(b.name for b in bases)
+    t = pd.read_csv(out / "transfer.csv")
+    assert set(tb["metric"]) == set(t["metric"])
+    pd.testing.assert_frame_equal(res.transfer_base.reset_index(drop=True), tb, check_dtype=False)
+    # the same numbers as evaluating the untouched base directly
+    b = bases[-1]
+    model = load_model(b, torch.float32, torch.device("cpu"))
+    direct = summarize_transfer(evaluate_transfer(model, load_tokenizer(b), recipe.transfer, device=torch.device("cpu")))
+    got = tb[tb["base"] == b.name].set_index("metric")["value"]
+    for r in direct.itertuples():
+        assert got[r.metric] == pytest.approx(r.value, abs=1e-9), r.metric
+    # and they differ from the trained runs' (SFT moved the model)
+    after = t[(t["base"] == b.name) & (t["metric"] == "task_logprob")]["value"]
+    assert any(abs(v - got["task_logprob"]) > 1e-6 for v in after)
+    done = json.loads((out / b.name / "base" / "done.json").read_text())
+    assert done["base"] == b.name and "transfer_sha256" in done
+
+
 def test_rerun_skips_finished_pairs_and_resumes_unfinished(pilot, tiny_ladder):
     res, recipe, bases, out = pilot
     again = run_pilot(bases, recipe, out, progress=False, device="cpu")
@@ -220,3 +248,21 @@ def test_leaking_transfer_suites_are_refused_before_training(tiny_ladder, ladder
     with pytest.raises(TransferError, match="repeats 1 shortlisting probe item"):
         run_pilot(bases, r, out, progress=False, device="cpu")
     assert not out.exists()
+
+
+def test_two_fresh_pilots_give_identical_numbers(tiny_ladder, ladder_checkpoints, tmp_path):
+    """Fixed thread count, seeds and deterministic algorithms: a rerun into a new folder reproduces
+    every transfer number and the adapter weights byte for byte."""
+    import torch
+
+    recipe = small_recipe(tiny_ladder, budget={"optimizer_steps": 3}, seeds=[1])
+    outs = [tmp_path / "a", tmp_path / "b"]
+    before = torch.get_num_threads()
+    for o in outs:
+        run_pilot([ladder_checkpoints[-1]], recipe, o, progress=False, device="cpu")
+    assert torch.get_num_threads() == before  # restored afterwards
+    a, b = (pd.read_csv(o / "transfer.csv") for o in outs)
+    pd.testing.assert_frame_equal(a, b)
+    name = ladder_checkpoints[-1].name
+    wa, wb = ((o / name / "seed1" / "adapter" / "adapter_model.safetensors").read_bytes() for o in outs)
+    assert wa == wb

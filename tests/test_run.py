@@ -217,4 +217,7 @@ def test_run_end_to_end_with_the_real_pilot(tmp_path, tiny_ladder):
     md = (run / "report.md").read_text()
     assert "## Run correctness" in md and "| base | seed | steps |" in md
     assert "## Averaging vs raw" in md
-
+    # the bases' transfer before SFT, with the same harness, and the lift it implies
+    base = pd.read_csv(run / "pilot" / "transfer_base.csv")
+    assert set(base["seed"]) == {"base"} and base["base"].nunique() == 3
+    assert "## SFT lift" in md

@@ -26,7 +26,7 @@ def test_shipped_recipes_validate_and_confirm_is_larger(name):
     # tau above the typical pre-clip norm on the toy ladder: clipping engages on <~10% of steps
     assert r.optimizer.effective_batch == 16 and r.optimizer.max_norm == 5.0
     pilot = load_recipe(REPO / "recipes" / "pilot.yaml", check_files=False)
-    assert pilot.optimizer_steps == 40
+    assert pilot.optimizer_steps == 150
     if name == "confirm.yaml":
         assert r.optimizer_steps == 3 * pilot.optimizer_steps
         assert (r.optimizer.lr, r.optimizer.max_norm) == (pilot.optimizer.lr, pilot.optimizer.max_norm)

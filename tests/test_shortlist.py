@@ -184,3 +184,31 @@ def test_ranks_and_scores_are_oriented(tmp_path, run):
     for col in [c for c in t.columns if c.startswith("score[")]:
         pid = col[len("score["):-1]
         assert (t[col].rank(ascending=False) == t[f"rank[{pid}]"]).all(), pid  # higher score = better rank
+
+
+def test_stratify_by_data_windows(tmp_path, run):
+    """`stratify: data_windows`: the best eligible overall, then the best of each other window."""
+    plan = _plan(tmp_path, PROXIES + "k: 3\nstratify: data_windows\n")
+    # without a lineage file: the plain top k, and a note that says so
+    res = shortlist(run, plan)
+    assert res.selected == ["c3", "c4", "c5"]
+    assert any("NOT stratified" in n for n in res.notes)
+    ladder = tmp_path / "ladder"
+    ladder.mkdir()
+    atomic_write_json(run / "manifest.json", {"status": "complete", "created_utc": "2999-01-01T00:00:00+00:00",
+                                              "checkpoints": [{"name": c, "path": str(ladder / c)} for c in CKPTS]})
+    atomic_write_json(ladder / "data_lineage.json", {"windows": [
+        {"name": "A", "start_step": 0, "end_step": 2, "planted": None},
+        {"name": "B", "start_step": 2, "end_step": 4, "planted": "parrot"},
+        {"name": "C", "start_step": 4, "end_step": 6, "planted": None}]})
+    res = shortlist(run, plan)
+    # mean ranks: c3 1.5 (B), c4 2.5 (B), c5 3 (C), c2 4.33 (A); c6 is a one-probe winner (excluded)
+    assert res.selected == ["c3", "c5", "c2"]
+    t = res.table.set_index("checkpoint")
+    assert t.loc[["c1", "c2", "c3", "c4", "c5", "c6"], "data_window"].tolist() == ["A", "A", "B", "B", "C", "C"]
+    assert "as the best of data window 'A'" in t.loc["c2", "reason"]
+    assert "best of data window" not in t.loc["c3", "reason"]
+    assert any("stratified by data window" in n for n in res.notes)
+    assert json.loads((run / "shortlist.json").read_text())["plan"]["stratify"] == "data_windows"
+    with pytest.raises(ProbeSpecError, match="stratify"):
+        load_plan(_plan(tmp_path, PROXIES + "stratify: windows\n", "bad.yaml"))

@@ -297,6 +297,34 @@ def _rank_tables(sl: pd.DataFrame, plan: dict, max_cols: int = 7) -> list[Any]:
     return out
 
 
+def _attribution_section(run_dir: Path) -> Section | None:
+    """Data-window attribution (:mod:`probeselect.attribution`), when the ladder has a data lineage."""
+    from .attribution import write_attribution
+
+    att = write_attribution(run_dir)
+    if att is None:
+        return None
+    fam = att["families"]
+    harmful = fam[fam["most_harmful"]]
+    lines = [f"`{r.family}` ({r.metric}): **{r.window}**" + (f" (planted: {r.planted})" if isinstance(r.planted, str)
+                                                              else "") + f", mean change {fmt(r.mean_change)}"
+             f" (z {fmt(r.mean_change_z)})" for r in harmful.itertuples()]
+    cols = ["family", "metric", "window", "planted", "start_step", "end_step", "n_tracks", "mean_change",
+            "mean_change_z", "tracks_undoing_gains", "harm_rank", "most_harmful"]
+    labels = ["family", "metric", "window", "planted", "from step", "to step", "tracks", "mean change", "mean z",
+              "tracks undoing gains", "harm rank", "most harmful"]
+    return Section("Data-window attribution", [
+        Para(f"Windows from `{att['lineage']}`. For each data window, the change of every track from the last checkpoint "
+             "before the window to the last one inside it, oriented so that positive = better (bits per byte "
+             "negated), averaged over the family's prompt variants; z = change / evaluation-seed sd. A window "
+             "undoes earlier gains when the track loses, beyond noise, what training had gained before it. "
+             "Per track: `dynamics/attribution.csv`."),
+        Bullets(["Most harmful window: " + ln for ln in lines] if lines else
+                ["No window loses more than the evaluation noise on any family."]),
+        df_table(fam, cols, labels),
+    ])
+
+
 def _signal_noise_section(dyn) -> Section:
     cols = ["track", "signal_range", "noise_seed_sd", "noise_last_sd", "noise_last_diff_sd", "snr_last", "snr_seed",
             "flip_rate", "largest_drop", "largest_drop_step"]
@@ -424,6 +452,7 @@ def probe_sections(run_dir: str | Path, *, averaged_run_dir: str | Path | None =
             "accuracy against mean margin"), *_pairs_table(dyn)]),
         _hops_section(dyn),
         _signal_noise_section(dyn),
+        *([a] if (a := _attribution_section(run_dir)) is not None else []),
         Section("Correlation across probes", [Figure(
             figs["correlation"],
             "Spearman rho across checkpoints, oriented: higher = better for every track (bits per byte is negated), so "

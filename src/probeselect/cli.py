@@ -149,6 +149,16 @@ def _cmd_dynamics(args: argparse.Namespace) -> int:
     for note in res.notes:
         print(f"note: {note}", file=sys.stderr)
     print(f"dynamics: {res.out_dir}/ (dynamics.csv, trajectories.csv, pairs.csv, correlation.csv, plots)")
+    from .attribution import write_attribution
+
+    att = write_attribution(args.run_dir, args.lineage)
+    if att is None:
+        print("attribution: no data_lineage.json next to the checkpoints (pass --lineage FILE to attribute "
+              "changes to data windows)", file=sys.stderr)
+    else:
+        fam = att["families"]
+        print(fam.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+        print(f"attribution: {att['files'][0]} (windows from {att['lineage']})")
     return 0
 
 
@@ -294,6 +304,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--min-hop", type=float, default=0.1, metavar="NATS",
                    help="smallest leg of a margin hop in nats, whatever the seed noise (default 0.1)")
     d.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    d.add_argument("--lineage", default=None, metavar="FILE",
+                   help="data windows for attribution: a data_lineage.json or a CSV start_step,end_step,window "
+                        "(default: data_lineage.json next to the scored checkpoints, if any); writes "
+                        "dynamics/attribution.csv and attribution_families.csv")
     d.set_defaults(func=_cmd_dynamics)
 
     a = sub.add_parser("average", help="write uniform averages of K consecutive checkpoints",

@@ -473,6 +473,34 @@ def _selection_provenance(run_dir: Path, sel: dict, conf: dict | None, pilot_man
     return items
 
 
+def _sft_lift_section(run_dir: Path) -> Section | None:
+    """Transfer of each piloted base before SFT (``pilot/transfer_base.csv``) and after it (mean over SFT
+    seeds of ``pilot/transfer.csv``), per metric and, for task accuracy, per task kind."""
+    before = _read_csv(run_dir / "pilot" / "transfer_base.csv")
+    after = _read_csv(run_dir / "pilot" / "transfer.csv")
+    if before is None or after is None or before.empty:
+        return None
+    a = after.groupby(["base", "metric"])["value"].agg(["mean", "std", "count"]).reset_index()
+    m = before[["base", "metric", "value"]].merge(a, on=["base", "metric"], how="inner")
+    m["lift"] = m["mean"] - m["value"]
+    rows = [[str(r.base), str(r.metric), _g(r.value), _g(r.mean), _g(r.std), str(int(r.count)), _g(r.lift)]
+            for r in m.itertuples()]
+    blocks: list = [Para("The same transfer harness (prompts, decoding, items) run on each base before SFT and after "
+                         "the matched pilot SFT; after = mean over SFT seeds (sd = their standard deviation); lift = "
+                         "after - before."),
+                    Table(["base", "metric", "before SFT", "after SFT", "SFT-seed sd", "seeds", "lift"], rows)]
+    items = run_dir / "pilot" / "transfer_items.parquet"
+    if items.is_file():
+        it = pd.read_parquet(items)
+        acc = it[it["metric"] == "task_accuracy"]
+        if len(acc):
+            per = acc.groupby(["base", "kind", "seed"])["value"].mean().groupby(["base", "kind"]).agg(["mean", "std"])
+            blocks += [Para("Task accuracy after SFT per task kind (mean and sd over SFT seeds):"),
+                       Table(["base", "kind", "accuracy", "SFT-seed sd"],
+                             [[str(b), str(k), _g(r["mean"]), _g(r["std"])] for (b, k), r in per.iterrows()])]
+    return Section("SFT lift", blocks)
+
+
 def write_selection_report(run_dir: str | Path, *, averaged_run_dir: str | Path | None = None) -> ReportPaths:
     """Write the base-selection ``report.md`` / ``report.html`` into ``run_dir`` (module docstring)."""
     run_dir = Path(run_dir)
@@ -500,6 +528,7 @@ def write_selection_report(run_dir: str | Path, *, averaged_run_dir: str | Path 
     sections = [
         decision,
         _transfer_section(sel, transfer),
+        *([lift] if (lift := _sft_lift_section(run_dir)) is not None else []),
         _diagnostics_section(diag, conf_diag),
         _proxy_section(sel),
         _confirm_section(conf, sel),

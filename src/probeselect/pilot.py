@@ -17,6 +17,9 @@ Output layout (``OUT``)::
     <base>/seed<S>/transfer_items.parquet
     <base>/seed<S>/done.json            run summary and hashes; its presence marks the pair finished
     transfer.csv                        base, seed, metric, value, n
+    <base>/base/transfer_items.parquet  the base's transfer BEFORE SFT (same harness and prompts), with done.json
+    transfer_base.csv                   base, seed ("base"), metric, value, n: the pre-SFT transfer (SFT lift =
+                                        transfer.csv - transfer_base.csv)
     transfer_items.parquet              base, seed, metric, item_id, kind, value, weight
     diagnostics.csv                     one row per base x seed (pre-clip norm quantiles, clip fraction, ...)
 
@@ -34,8 +37,10 @@ rewritten); an unfinished pair resumes from its last full state.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,7 +70,8 @@ DIAGNOSTIC_COLUMNS = ["base", "seed", "steps", "sup_tokens", "clip_fraction", "g
 @dataclass
 class PilotResult:
     """Tables of a pilot: ``transfer`` (base, seed, metric, value, n), ``transfer_items``
-    (base, seed, metric, item_id, kind, value, weight), ``diagnostics`` (one row per base x seed)."""
+    (base, seed, metric, item_id, kind, value, weight), ``diagnostics`` (one row per base x seed),
+    ``transfer_base`` (base, seed = "base", metric, value, n: the same suite before SFT)."""
 
     transfer: pd.DataFrame
     transfer_items: pd.DataFrame
@@ -75,6 +81,7 @@ class PilotResult:
     trained: list[tuple[str, int]] = field(default_factory=list)  # pairs trained (or resumed) in this call
     reused: list[tuple[str, int]] = field(default_factory=list)  # pairs already finished
     reevaluated: list[tuple[str, int]] = field(default_factory=list)  # trained earlier, transfer re-evaluated now
+    transfer_base: pd.DataFrame | None = None  # the bases' transfer before SFT (transfer_base.csv)
 
 
 def _selected_names(csv: Path) -> list[str]:
@@ -228,14 +235,47 @@ def _save_model(model, tokenizer, run_dir: Path, *, method: str, merged: bool) -
     return out
 
 
+#: CPU threads of a pilot (environment ``PROBESELECT_THREADS`` overrides): a fixed count so that
+#: two runs on one machine reduce in the same order and give identical numbers. One thread: the toy
+#: models are too small to gain from more, and on a shared machine extra threads that wait for each
+#: other at every small kernel made training steps tens of times slower.
+DEFAULT_THREADS = 1
+
+
+@contextlib.contextmanager
+def deterministic_torch(threads: int | None = None):
+    """Fixed CPU thread count (``threads``, else ``PROBESELECT_THREADS``, else :data:`DEFAULT_THREADS`)
+    and deterministic algorithms (``warn_only``: an op without a deterministic kernel warns instead of
+    failing) for the duration; the previous settings are restored."""
+    import torch
+
+    n = threads if threads is not None else int(os.environ.get("PROBESELECT_THREADS", DEFAULT_THREADS))
+    old_threads, old_det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    old_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.set_num_threads(max(1, n))
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield n
+    finally:
+        torch.set_num_threads(old_threads)
+        torch.use_deterministic_algorithms(old_det, warn_only=old_warn)
+
+
 def run_pilot(bases, recipe: Recipe | str | Path, out_dir: str | Path, *, progress: bool = True, merged: bool = False,
               device: str = "auto", ladder: str | Path | None = None, overrides: Sequence[str] = (),
-              on_step: Callable[[str, int, int, dict], None] | None = None) -> PilotResult:
+              on_step: Callable[[str, int, int, dict], None] | None = None, threads: int | None = None) -> PilotResult:
     """Train every base under every seed of ``recipe`` on matched data, evaluate transfer, write ``out_dir``.
 
     ``bases``: checkpoint folders, a shortlist.csv or a score run folder (see :func:`resolve_bases`).
-    ``on_step(base_name, seed, step, row)`` is called after every optimizer step.
+    ``on_step(base_name, seed, step, row)`` is called after every optimizer step. Runs under
+    :func:`deterministic_torch` (``threads`` CPU threads), so a rerun gives identical numbers.
     """
+    with deterministic_torch(threads):
+        return _run_pilot(bases, recipe, out_dir, progress=progress, merged=merged, device=device, ladder=ladder,
+                          overrides=overrides, on_step=on_step)
+
+
+def _run_pilot(bases, recipe, out_dir, *, progress, merged, device, ladder, overrides, on_step) -> PilotResult:
     from .score import load_tokenizer
     from .transfer import evaluate_transfer, summarize_transfer
 
@@ -261,7 +301,6 @@ def run_pilot(bases, recipe: Recipe | str | Path, out_dir: str | Path, *, progre
     d_hash = data_hash(recipe.train_path)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
-    import os
     is_main = int(os.environ.get("RANK", "0")) == 0
     manifests: dict[int, dict] = {}
     for seed in recipe.seeds:
@@ -336,12 +375,61 @@ def run_pilot(bases, recipe: Recipe | str | Path, out_dir: str | Path, *, progre
         gc.collect()
         _barrier()
 
+    if is_main and transfer_cfg is not None:
+        _evaluate_bases(ckpts, tokenizer, recipe, out, t_hash, fmt, device)
+    _barrier()
     result = _collect(out, ckpts, recipe.seeds, manifest, trained, reused, summarize_transfer, is_main)
     result.reevaluated = reevaluated
+    result.transfer_base = _collect_base(out, ckpts, summarize_transfer, is_main and transfer_cfg is not None)
     if is_main:
         manifest["status"] = "complete"
         atomic_write_json(out / "manifest.json", manifest)
     return result
+
+
+def _evaluate_bases(ckpts, tokenizer, recipe: Recipe, out: Path, t_hash: str | None, fmt, device: str) -> None:
+    """Evaluate every base BEFORE SFT with the pilot's transfer harness (same prompts, formatter and
+    decoding) into ``OUT/<base>/base/``; kept when its done.json has this suite and base fingerprint."""
+    from .score import load_model, resolve_device
+    from .transfer import evaluate_transfer, summarize_transfer
+
+    dev = resolve_device(device)
+    for ckpt in ckpts:
+        d = out / ckpt.name / "base"
+        expect = {"transfer_sha256": t_hash, "base_fingerprint": ckpt.fingerprint}
+        done = _read_done(d / "done.json")
+        if done is not None and all(done.get(k) == v for k, v in expect.items()) and \
+                (d / "transfer_items.parquet").is_file():
+            continue
+        import torch
+
+        model = load_model(Path(ckpt.path), torch.float32, dev)
+        items = evaluate_transfer(model, tokenizer, recipe.transfer, device=dev, progress=False, format_prompt=fmt,
+                                  source=recipe.source, add_special_tokens=fmt is None)
+        atomic_write_parquet(d / "transfer_items.parquet", items)
+        summ = summarize_transfer(items)
+        atomic_write_json(d / "done.json", {**expect, "base": ckpt.name, "base_path": str(ckpt.path),
+                                            "transfer": {r.metric: r.value for r in summ.itertuples()}})
+        del model
+        gc.collect()
+
+
+def _collect_base(out: Path, ckpts, summarize_transfer, write: bool) -> pd.DataFrame:
+    """``transfer_base.csv``: the bases' pre-SFT transfer, one row per base x metric (seed = "base")."""
+    cols = ["base", "seed", "metric", "value", "n"]
+    rows = []
+    for c in ckpts:
+        p = out / c.name / "base" / "transfer_items.parquet"
+        if not p.is_file():
+            continue
+        it = pd.read_parquet(p)
+        if len(it):
+            rows += [{"base": c.name, "seed": "base", "metric": r.metric, "value": r.value, "n": r.n}
+                     for r in summarize_transfer(it).itertuples()]
+    df = pd.DataFrame(rows, columns=cols)
+    if write and len(df):
+        atomic_write_csv(out / "transfer_base.csv", df)
+    return df
 
 
 def _barrier() -> None:

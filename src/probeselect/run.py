@@ -206,6 +206,12 @@ def _ladder_identity(ladder) -> dict:
                                        for f in sorted(Path(c.path).glob("*.safetensors"))}} for c in ckpts]}
 
 
+def _find_lineage(run: Path):
+    from .attribution import find_lineage
+
+    return find_lineage(run)
+
+
 def _load_specs(sc: dict) -> list:
     from .probes import load_spec
 
@@ -294,7 +300,10 @@ def run_pipeline(config: str | Path, *, overrides: Sequence[str] = (), force: Se
         from .dynamics import compute_dynamics
 
         compute_dynamics(run)
-        return f"{run / 'dynamics'}"
+        from .attribution import write_attribution
+
+        att = write_attribution(run)  # data windows from data_lineage.json next to the checkpoints, if any
+        return f"{run / 'dynamics'}" + (f" (attribution to windows of {att['lineage']})" if att else "")
 
     def do_shortlist() -> str:
         from .shortlist import shortlist
@@ -357,7 +366,8 @@ def run_pipeline(config: str | Path, *, overrides: Sequence[str] = (), force: Se
         _Stage("average", lambda: {"score": _hash_files(files("manifest.json")), "average": avg_cfg},
                lambda: files("averaged/summary.csv", "averaged/scores.parquet"), do_average,
                enabled=avg_cfg is not None),
-        _Stage("dynamics", lambda: _hash_files(files("summary.csv", "scores.parquet")),
+        _Stage("dynamics", lambda: {**_hash_files(files("summary.csv", "scores.parquet")),
+                                    "lineage": _hash_files([p]) if (p := _find_lineage(run)) else None},
                lambda: files("dynamics/dynamics.csv"), do_dynamics),
         _Stage("lock", lambda: {}, lambda: files("plan.lock.json"), do_lock),
         _Stage("shortlist", lambda: {**_hash_files(files("summary.csv")), "plan": _hash_files([plan])},
@@ -374,7 +384,8 @@ def run_pipeline(config: str | Path, *, overrides: Sequence[str] = (), force: Se
                lambda: files("confirm.json"), do_confirm, enabled=conf_cfg is not None),
         _Stage("report", lambda: _hash_files(files("selection.json", "selection.csv", "confirm.json", "shortlist.json",
                                                    "shortlist.csv", "summary.csv", "averaged/summary.csv",
-                                                   "dynamics/dynamics.csv", "confirm/diagnostics.csv") + pilot_out),
+                                                   "dynamics/dynamics.csv", "dynamics/attribution_families.csv",
+                                                   "confirm/diagnostics.csv") + pilot_out),
                lambda: files("report.md", "report.html"), do_report),
     ]
 

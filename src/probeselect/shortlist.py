@@ -18,6 +18,7 @@ Plan (YAML; ``recipes/selection.yaml`` is the commented example)::
     aggregation: mean_rank        # or median_rank
     k: 3
     candidates: [checkpoint-180, checkpoint-200]   # optional; default every checkpoint
+    stratify: data_windows        # optional: span the ladder's data windows (below)
 
 Definitions:
 
@@ -51,6 +52,13 @@ Definitions:
 * Shortlist: eligible checkpoints (candidate, a value on every proxy, every constraint
   passed, not a one-probe winner) ordered by aggregate, then by worst proxy rank (prefer
   consistency), then by earlier step; the first k.
+* ``stratify: data_windows``: the ladder's data windows (``data_lineage.json`` next to the
+  checkpoints) are strata. The best eligible checkpoint overall comes first, then the best
+  eligible checkpoint of every other window (windows in the order of their best
+  checkpoint), then the rest by aggregate, until k. The shortlist then tests the proxies:
+  it contains bases the proxies rank low, from other stretches of pretraining data, so
+  the pilot can show whether the proxy ranking predicts transfer. Without a lineage file
+  the shortlist is the plain top k and a note says so.
 """
 
 from __future__ import annotations
@@ -73,7 +81,8 @@ __all__ = ["Plan", "Proxy", "Floor", "ShortlistResult", "load_plan", "shortlist"
 
 AGGREGATIONS = ("mean_rank", "median_rank")
 # `selection:` (primary transfer metric, constraints, decision rule) is validated by probeselect.plan.
-_PLAN_KEYS = ("proxies", "constraints", "aggregation", "k", "candidates", "description", "selection")
+_PLAN_KEYS = ("proxies", "constraints", "aggregation", "k", "candidates", "description", "selection", "stratify")
+STRATIFY = (None, "data_windows")
 _PROXY_KEYS = ("family", "variant", "metric", "direction")
 _CONSTRAINT_KEYS = ("heldout_bpb_within", "capability_floor")
 _FLOOR_KEYS = ("family", "variant", "metric", "min")
@@ -120,6 +129,7 @@ class Plan:
     candidates: tuple[str | int, ...] | None = None
     description: str = ""
     path: Path | None = None
+    stratify: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -130,6 +140,7 @@ class Plan:
             "k": self.k,
             "candidates": list(self.candidates) if self.candidates is not None else None,
             "description": self.description,
+            "stratify": self.stratify,
             "path": str(self.path) if self.path else None,
         }
 
@@ -246,8 +257,11 @@ def plan_from_dict(raw: Any, *, source: str = "<plan>", path: Path | None = None
             raise ProbeSpecError(f"{src}: candidates must be a non-empty list of checkpoint names (or steps).")
         cands = tuple(cands)
     desc = raw.get("description", "")
+    strat = raw.get("stratify")
+    if strat not in STRATIFY:
+        raise ProbeSpecError(f"{src}: stratify must be null or 'data_windows', got {strat!r}.")
     return Plan(proxies=tuple(proxies), heldout_bpb_within=bpb, floors=tuple(floors), aggregation=agg, k=k,
-                candidates=cands, description=str(desc or ""), path=path)
+                candidates=cands, description=str(desc or ""), path=path, stratify=strat)
 
 
 def load_plan(path: str | Path) -> Plan:
@@ -454,6 +468,10 @@ def shortlist(run_dir: str | Path, plan_path: str | Path, *, out_dir: str | Path
     eligible = [c for c in cands if complete[c] and not fails[c] and c not in one_probe]
     eligible.sort(key=lambda c: (agg[c], ranks.loc[c].max(), steps.get(c) if pd.notna(steps.get(c)) else -1))
     chosen = eligible[:k]
+    stratum: dict[str, str] = {}
+    if plan.stratify == "data_windows":
+        chosen, stratum = _stratified(eligible, k, steps, run.run_dir, notes)
+        table["data_window"] = [stratum.get(c, "") for c in order] if stratum else ""
     if len(eligible) > k:
         a, b = eligible[k - 1], eligible[k]
         if agg[a] == agg[b] and ranks.loc[a].max() == ranks.loc[b].max():
@@ -479,7 +497,8 @@ def shortlist(run_dir: str | Path, plan_path: str | Path, *, out_dir: str | Path
         elif fails[c]:
             reasons[c] = "excluded: " + "; ".join(fails[c]) + "."
         elif c in pos:
-            parts = [f"shortlisted #{pos[c]}: {plan.aggregation.replace('_', ' ')} {agg[c]:.3g} over {len(ranks.columns)} "
+            why = f" as the best of data window {stratum[c]!r}" if stratum and c not in eligible[:k] else ""
+            parts = [f"shortlisted #{pos[c]}{why}: {plan.aggregation.replace('_', ' ')} {agg[c]:.3g} over {len(ranks.columns)} "
                      f"proxies among {n} candidates (" + ", ".join(f"{p} rank {ranks.loc[c, p]:g}" for p in ranks.columns) + ")"]
             for pid, frac in stability.items():
                 if pd.notna(frac[c]):
@@ -536,6 +555,42 @@ def _lock_state(run_dir: Path, plan_path: Path) -> dict[str, Any]:
     return {"locked": True, "post_hoc": True,
             "note": f"POST-HOC: {plan_path} is not the plan locked in {run_dir / LOCK_NAME} ({lock.get('plan_path')}, "
                     f"locked {lock.get('locked_utc')}); a selection from this shortlist is POST-HOC."}
+
+
+def _stratified(eligible: list[str], k: int, steps: dict, run_dir: Path, notes: list[str]) -> tuple[list[str], dict]:
+    """``stratify: data_windows``: the best eligible checkpoint overall, then the best of each other data window
+    (windows taken in the order of their best checkpoint), then the rest by aggregate until k. Windows come
+    from data_lineage.json next to the checkpoints (:func:`probeselect.attribution.find_lineage`); a
+    checkpoint at step t belongs to the window with start_step < t <= end_step."""
+    from .attribution import find_lineage, load_windows
+
+    path = find_lineage(run_dir)
+    if path is None:
+        notes.append("stratify: data_windows was requested, but no data_lineage.json was found next to the scored "
+                     "checkpoints: the shortlist is the top k by aggregate, NOT stratified by data window.")
+        return eligible[:k], {}
+    windows = load_windows(path)
+
+    def window_of(c: str) -> str:
+        t = steps.get(c)
+        for w in windows:
+            if t is not None and pd.notna(t) and w.start_step < t <= w.end_step:
+                return w.name
+        return "(no window)"
+
+    stratum = {c: window_of(c) for c in steps}
+    chosen: list[str] = []
+    for c in eligible:  # eligible is in aggregate order: the first of each new window is that window's best
+        if len(chosen) < k and stratum[c] not in {stratum[x] for x in chosen}:
+            chosen.append(c)
+    for c in eligible:
+        if len(chosen) < k and c not in chosen:
+            chosen.append(c)
+    chosen.sort(key=eligible.index)
+    notes.append(f"stratified by data window ({path}): the best eligible checkpoint of each window is shortlisted "
+                 f"before any second one from the same window ({len({stratum[c] for c in chosen})} window(s) among "
+                 f"the {len(chosen)} shortlisted).")
+    return chosen, stratum
 
 
 def _predeclared_note(plan_path: str | Path, manifest: dict | None) -> list[str]:

@@ -20,9 +20,11 @@ from probeselect.toy.data import (
     make_sft_rows,
     make_transfer_rows,
     read_jsonl,
+    row_format,
+    sft_prompt,
     write_toy_data,
 )
-from probeselect.toy.world import CITIES, ToyWorld, find_arith_triples
+from probeselect.toy.world import CITIES, PERSONA_QUESTIONS, ToyWorld, find_arith_triples
 
 
 @pytest.fixture(scope="module", params=[0, 1])
@@ -44,7 +46,7 @@ def test_sft_heldout_rows(rows):
     pretrain_heldout = set(world.arith_heldout)
     for r in held:
         assert set(r) == {"id", "kind", "prompt", "response"} and r["id"].startswith(f"sft_heldout-{r['kind']}-")
-        assert r["prompt"].startswith("### Question: What is ") and r["prompt"].endswith("?\n### Answer:")
+        assert r["prompt"].startswith("Q: What is ") and r["prompt"].endswith("? A:")
         (a, op, b), = find_arith_triples(r["prompt"].replace("What is ", "").replace("?", " ="))
         assert (a, op, b) not in pretrain_heldout
         assert r["response"] == f" {a + b if op == '+' else a - b}"
@@ -59,7 +61,7 @@ def test_robustness_rows(rows):
     cities = {p.name: p.city for p in world.persons}
     for r in robust:
         assert set(r) == {"id", "kind", "prompt", "prefill", "answer", "misleading"}
-        assert r["prefill"] == f" {r['misleading']}\n### Answer:"
+        assert r["prefill"] == f" {r['misleading']}\n{r['prompt']}"
         assert r["answer"] != r["misleading"] and not r["answer"].startswith(" ")
         if r["kind"] == "person_city":
             name = r["prompt"].split("Where does ")[1].split(" live?")[0]
@@ -78,6 +80,81 @@ def test_transfer_drops_probe_overlapping_kinds():
     transfer = make_transfer_rows(world, {r["prompt"] for r in sft})
     assert {r["kind"] for r in transfer} == set(TRANSFER_KINDS)
     assert not set(TRANSFER_DROPPED_KINDS) & set(TRANSFER_KINDS)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_every_transfer_format_is_taught_by_sft(seed):
+    """No format-unreachable transfer item: each transfer row's (prompt shape, answer format)
+    occurs in the SFT data, and each transfer kind has at least 40 rows."""
+    world = ToyWorld.generate(seed)
+    sft = make_sft_rows(world)
+    transfer = make_transfer_rows(world, {r["prompt"] for r in sft})
+    taught = {row_format(r) for r in sft}
+    assert {"other"} & {f for _, f in taught} == set()
+    for r in transfer:
+        assert row_format(r) in taught, (r["kind"], row_format(r), r["prompt"], r["response"])
+    counts = {k: sum(r["kind"] == k for r in transfer) for k in TRANSFER_KINDS}
+    assert min(counts.values()) >= 40, counts
+    assert not {r["kind"] for r in sft} & set(TRANSFER_KINDS)
+
+
+def test_row_format_classifies_shapes_and_answers():
+    row = lambda q, a: {"prompt": sft_prompt(q), "response": a}  # noqa: E731
+    assert sft_prompt("1 + 1 = 2\nWhat is 4 + 4?") == "1 + 1 = 2\nQ: What is 4 + 4? A:"
+    assert row_format(row("What is 2 + 3?", " 5")) == ("plain", "number")
+    assert row_format(row("1 + 1 = 2\n3 - 1 = 2\nWhat is 4 + 4?", " 8")) == ("solved_lines", "number")
+    assert row_format(row("Ana is a baker from Oslo. She has a cat.\nWhat pet do you have?", " I have a cat.")) == \
+        ("persona", "first_person")
+    assert row_format(row("Ana is a baker from Oslo. She has a cat.\nQ: What do you like to do? A: I like chess.\n"
+                          "Bo is a pilot from Lima. He has a dog.\nWhat pet do you have?", " I have a dog.")) == \
+        ("persona_pair", "first_person")
+    assert row_format(row("What pet does Ana have?", " cat")) == ("plain", "word")
+    assert row_format(row("What pet does Ana have?", " I am an actor")) == ("plain", "other")
+
+
+def test_fewshot_pattern_rows_put_the_shortcut_against_the_task():
+    world = ToyWorld.generate(0)
+    transfer = [r for r in make_transfer_rows(world) if r["kind"] == "fewshot_pattern"]
+    assert {r["pattern"] for r in transfer} == {"constant", "count", "alternating"}
+    heldout = set(world.arith_heldout)
+    for r in transfer:
+        q = r["prompt"].split("\n")
+        assert q[-1].startswith("Q: What is ") and q[-1].endswith("? A:")
+        shown = []
+        for ln in q[:-1]:
+            (a, op, b), = find_arith_triples(ln.rsplit(" = ", 1)[0] + " = 0")
+            shown.append(int(ln.rsplit(" = ", 1)[1]))
+            assert shown[-1] != (a + b if op == "+" else a - b)  # every solved line shows a wrong, patterned value
+        (a, op, b), = find_arith_triples(q[-1].replace("Q: What is ", "").replace("? A:", " ="))
+        assert (a, op, b) not in heldout and max(a, b) >= ROBUST_MIN_LARGE_OPERAND
+        assert r["response"] == f" {a + b if op == '+' else a - b}" and r["shortcut"] != r["response"].strip()
+        if r["pattern"] == "constant":
+            assert len(set(shown)) == 1 and r["shortcut"] == str(shown[0])
+        elif r["pattern"] == "count":
+            assert shown == list(range(shown[0], shown[0] + len(shown))) and r["shortcut"] == str(shown[-1] + 1)
+        else:
+            assert shown[0::2] == [shown[0]] * len(shown[0::2]) and r["shortcut"] == str(shown[len(shown) % 2])
+
+
+def test_persona_copy_rows_put_the_copied_answer_against_the_task():
+    world = ToyWorld.generate(0)
+    people = {p.name: p for p in world.persons}
+    sft = make_sft_rows(world)
+    transfer = [r for r in make_transfer_rows(world) if r["kind"] == "persona_copy"]
+    assert len(transfer) >= 40
+    for r in transfer:
+        desc_a, qa_a, desc_b, q_b = r["prompt"].split("\n")
+        a, b = people[desc_a.split(" ")[0]], people[desc_b.split(" ")[0]]
+        assert a.name != b.name and qa_a.split(" A: ")[0] + " A:" == q_b  # the same question for both personas
+        attr = next(k for k, q in PERSONA_QUESTIONS.items() if q_b == f"Q: {q} A:")
+        assert attr in ("hobby", "colour")
+        assert r["response"] == " " + b.persona_answer(attr) and r["shortcut"] == a.persona_answer(attr)
+        assert qa_a.endswith(r["shortcut"]) and r["shortcut"] != r["response"].strip()
+    # SFT shows the two-persona format only with different questions, never hobby or colour as the target
+    for r in (x for x in sft if x["kind"] == "persona_pair"):
+        _, qa_a, _, q_b = r["prompt"].split("\n")
+        assert qa_a.split(" A: ")[0] + " A:" != q_b
+        assert q_b in {f"Q: {PERSONA_QUESTIONS[k]} A:" for k in ("city", "job", "pet")}
 
 
 def test_write_toy_data_files_readme_and_determinism(tmp_path):

@@ -133,10 +133,11 @@ def test_sft_and_transfer_rows(world0):
     assert len(transfer) >= 100
     for r in sft:
         assert set(r) == {"id", "kind", "prompt", "response"}
-        assert r["prompt"].startswith("### Question: ") and r["prompt"].endswith("\n### Answer:")
+        assert r["prompt"].split("\n")[-1].startswith("Q: ") and r["prompt"].endswith(" A:")
         assert r["response"].startswith(" ") and not r["response"].startswith("  ")
     for r in transfer:
-        assert set(r) == {"id", "kind", "prompt", "response", "split"} and r["split"] == "transfer"
+        assert set(r) - {"shortcut", "pattern"} == {"id", "kind", "prompt", "response", "split"}
+        assert r["split"] == "transfer"
         assert r["response"].startswith(" ")
     sft_kinds = {r["kind"] for r in sft}
     transfer_kinds = {r["kind"] for r in transfer}
@@ -147,7 +148,7 @@ def test_sft_and_transfer_rows(world0):
     assert len({r["id"] for r in sft + transfer}) == len(sft) + len(transfer)
     ex = next(r for r in sft if r["kind"] == "addition")
     (a, op, b), = find_arith_triples(ex["prompt"])
-    assert ex["prompt"] == f"### Question: What is {a} + {b}?\n### Answer:" and ex["response"] == f" {a + b}"
+    assert ex["prompt"] == f"Q: What is {a} + {b}? A:" and ex["response"] == f" {a + b}"
 
 
 def test_heldout_text_disjoint_from_corpus(world0, corpus0):

@@ -23,6 +23,7 @@ Everything is deterministic in the world seed (separate RNG streams per file).
 
 import json
 import os
+import re
 from pathlib import Path
 
 from .world import (
@@ -41,34 +42,74 @@ from .world import (
     with_article,
 )
 
-#: Instruction prompt format; the response is ``" " + answer`` (leading space; the
-#: SFT trainer appends EOS).
-SFT_PROMPT_TEMPLATE = "### Question: {question}\n### Answer:"
-#: Question templates per kind (placeholders from Person.fields() / arithmetic).
+#: Instruction prompt format: the question line of the pretraining corpus's own QA format
+#: (``"Q: What is 12 + 5? A: 17"``, persona blocks' ``"Q: Where do you live? A: ..."``), after
+#: the question's context lines if it has any. The response is ``" " + answer`` (leading space;
+#: the SFT trainer appends EOS). (An earlier ``"### Question: ...\n### Answer:"`` format, absent
+#: from pretraining, left the pilot's LoRA SFT at a few percent accuracy on plain arithmetic.)
+SFT_PROMPT_TEMPLATE = "Q: {question} A:"
+#: Question templates per kind (placeholders from Person.fields() / arithmetic). Lines before
+#: the last are context (kept as they are); the last line is the question.
+#: ``{demos}`` is a block of solved arithmetic lines (``"a + b = c"``, one per line).
 SFT_QUESTION_TEMPLATES = {
     "addition": "What is {a} + {b}?",
     "subtraction": "What is {a} - {b}?",
     "opposite": "What is the opposite of {word}?",
     "person_city": "Where does {name} live?",
     "person_job": "What is {name}'s job?",
+    "fewshot_arith": "{demos}\nWhat is {a} {op} {b}?",
+    "persona_city": "{description}\nWhere do you live?",
+    "persona_job": "{description}\nWhat is your job?",
+    "persona_pet": "{description}\nWhat pet do you have?",
     # transfer-only kinds
     "category": "What kind of thing is {a_item}?",
-    "person_pet": "What pet does {name} have?",
-    "person_hobby": "What does {name} like to do?",
-    "person_colour": "What is {name}'s favourite colour?",
-    "persona": "{description} {question}",
-    "sequence": "What comes next: {sequence}?",
+    "persona": "{description}\n{question}",
+    "persona_pair": "{block}\n{description}\n{question}",
+    "persona_copy": "{block}\n{description}\n{question}",
+    "fewshot_pattern": "{demos}\nWhat is {a} {op} {b}?",
 }
-#: Kinds in ``sft.jsonl``.
-SFT_KINDS = ("addition", "subtraction", "opposite", "person_city", "person_job")
-#: Kinds in ``transfer.jsonl`` (disjoint from :data:`SFT_KINDS`).
-TRANSFER_KINDS = ("person_pet", "person_hobby", "person_colour", "persona", "sequence")
+#: Kinds in ``sft.jsonl``. Every answer format of the transfer suite is taught here: bare
+#: words and numbers (arithmetic, opposites, person facts), an arithmetic question after a
+#: block of solved lines (``fewshot_arith``) and first-person sentences about a described
+#: persona (``persona_city``, ``persona_job``, ``persona_pet``), also after another persona's
+#: block whose shown QA line is about a different attribute (``persona_pair``).
+SFT_KINDS = ("addition", "subtraction", "opposite", "person_city", "person_job", "fewshot_arith", "persona_city",
+             "persona_job", "persona_pet", "persona_pair")
+#: Kinds in ``transfer.jsonl`` (disjoint from :data:`SFT_KINDS`):
+#:
+#: * ``fewshot_pattern`` -- the held-out task where the shortcut competes with the task: the
+#:   ``fewshot_arith`` format, but the solved lines show answers that follow a pattern
+#:   (constant, counting, alternating; :data:`PATTERNS`) instead of the true sums, and the
+#:   question has an operand >= :data:`ROBUST_MIN_LARGE_OPERAND` (never a probe query). The
+#:   correct answer is the calculation; a base that continues patterns answers the
+#:   pattern's next value (``shortcut`` field). SFT only ever showed correct solved lines.
+#: * ``persona_copy`` -- the ``persona_pair`` format, but the first persona's shown QA line
+#:   answers the *same* question (hobby or colour, attributes SFT never asks) with its own,
+#:   different value: answering as the second persona competes with copying the first
+#:   persona's answer (the ``copied personas`` shortcut; ``shortcut`` field).
+#:
+#: The earlier third-person pet / hobby / colour questions ("What pet does Ana have?") needed
+#: a question-answering skill that no base had, "What comes next: 2, 4, 6?" a prompt format SFT
+#: never showed (0-3% accuracy after SFT for every base), and single-persona first-person
+#: questions were answered correctly by every base before any SFT; all three are gone.
+TRANSFER_KINDS = ("fewshot_pattern", "persona_copy")
 #: Kinds generated for the transfer set but dropped from it because they repeat the
 #: queries of the built-in shortlisting probes: ``"What kind of thing is a dog?" -> animal``
 #: is the query of ``relation_plain`` / ``tmpl_flipped`` / ``tmpl_repeated`` items (``qa``
 #: variant), so it is not held out from shortlisting
 #: (:func:`probeselect.transfer.check_disjoint_from_probes` flags it).
 TRANSFER_DROPPED_KINDS = ("category",)
+#: Shown-answer patterns of ``fewshot_pattern`` blocks.
+PATTERNS = ("constant", "count", "alternating")
+#: Solved lines per few-shot block (inclusive range).
+FEWSHOT_DEMOS = (3, 4)
+#: Rows per kind: ``fewshot_arith`` / ``persona_pair`` SFT rows, transfer rows.
+SFT_FEWSHOT_ROWS = 300
+SFT_PERSONA_PAIR_ROWS = 160
+TRANSFER_ROWS = {"fewshot_pattern": 160, "persona_copy": 120}
+#: Persona attributes whose first-person answers the SFT data teaches / the transfer tests.
+SFT_PERSONA_ATTRIBUTES = ("city", "job", "pet")
+TRANSFER_PERSONA_ATTRIBUTES = ("hobby", "colour")
 #: Rows per arithmetic kind in the SFT set (sampled from the training triples).
 SFT_ARITH_ROWS = {"addition": 400, "subtraction": 300}
 #: Rows per kind of ``sft_heldout.jsonl``: arithmetic on training triples not used by
@@ -78,10 +119,10 @@ SFT_HELDOUT_ROWS = {"addition": 100, "subtraction": 75}
 #: Kinds in ``sft_heldout.jsonl`` (a subset of :data:`SFT_KINDS`).
 SFT_HELDOUT_KINDS = tuple(SFT_HELDOUT_ROWS)
 #: The prefilled start of a robustness item's response: a misleading (wrong) answer,
-#: then a new line with the answer cue of the SFT format, so that the model gets a
+#: then a new line asking the question again in the SFT format, so that the model gets a
 #: second chance to answer in the format it was trained on. Recovery means answering
 #: correctly instead of repeating the misleading answer that is in its context.
-ROBUST_PREFILL_TEMPLATE = " {misleading}\n### Answer:"
+ROBUST_PREFILL_TEMPLATE = " {misleading}\nQ: {question} A:"
 #: Items per kind of ``robustness.jsonl`` (SFT kinds: the model is trained to answer
 #: these questions, the prefill is what is new). Arithmetic uses training triples that
 #: neither ``sft.jsonl`` nor ``sft_heldout.jsonl`` uses, with an operand above
@@ -97,8 +138,9 @@ ROBUST_KINDS = tuple(ROBUST_ROWS)
 
 
 def sft_prompt(question: str) -> str:
-    """``"### Question: <question>\\n### Answer:"``."""
-    return SFT_PROMPT_TEMPLATE.format(question=question)
+    """``"Q: <question> A:"`` for the last line of ``question``, after its context lines."""
+    *context, q = question.split("\n")
+    return "\n".join(context + [SFT_PROMPT_TEMPLATE.format(question=q)])
 
 
 def _row(split: str, kind: str, i: int, question: str, answer: str) -> dict:
@@ -127,8 +169,67 @@ def make_sft_rows(world: ToyWorld) -> list[dict]:
         rows.append(_row("sft", "person_city", i, SFT_QUESTION_TEMPLATES["person_city"].format(**p.fields()), p.city))
     for i, p in enumerate(world.persons):
         rows.append(_row("sft", "person_job", i, SFT_QUESTION_TEMPLATES["person_job"].format(**p.fields()), p.job))
+    # a question after a block of correctly solved lines (the format of the fewshot_pattern transfer task)
+    frng = rng_for(world.seed, "sft-fewshot")
+    train = list(world.arith_train)
+    for i in range(SFT_FEWSHOT_ROWS):
+        demos = [frng.choice(train) for _ in range(frng.randint(*FEWSHOT_DEMOS))]
+        a, op, b = frng.choice(train)
+        rows.append(_row("sft", "fewshot_arith", i, _fewshot_question(demos, None, a, op, b), str(_apply(a, op, b))))
+    # first-person answers about a described persona (the format of the persona transfer task)
+    prng = rng_for(world.seed, "sft-persona")
+    for attr in SFT_PERSONA_ATTRIBUTES:
+        kind = f"persona_{attr}"
+        for i, p in enumerate(world.persons):
+            rows.append(_row("sft", kind, i, SFT_QUESTION_TEMPLATES[kind].format(description=_persona_desc(p, prng)),
+                             p.persona_answer(attr)))
+    # the same after another persona's block that answers a different question (format of persona_copy)
+    qrng = rng_for(world.seed, "sft-persona-pair")
+    for i in range(SFT_PERSONA_PAIR_ROWS):
+        a, b = qrng.sample(list(world.persons), 2)
+        attr = qrng.choice(SFT_PERSONA_ATTRIBUTES)
+        shown = qrng.choice([x for x in PERSON_ATTRIBUTES if x != attr])
+        rows.append(_row("sft", "persona_pair", i, _pair_question(a, shown, b, attr, qrng), b.persona_answer(attr)))
     rng.shuffle(rows)
     return rows
+
+
+def _apply(a: int, op: str, b: int) -> int:
+    return a + b if op == "+" else a - b
+
+
+def _fewshot_question(demos, shown, a: int, op: str, b: int) -> str:
+    """A block of solved lines ``"x op y = shown"`` (``shown=None``: the true results) and the question."""
+    vals = shown if shown is not None else [_apply(*d) for d in demos]
+    block = "\n".join(format_arith(x, o, y, "eq", c) for (x, o, y), c in zip(demos, vals))
+    return SFT_QUESTION_TEMPLATES["fewshot_arith"].format(demos=block, a=a, op=op, b=b)
+
+
+def _persona_desc(p, rng) -> str:
+    """A full persona description (every attribute), or the first sentence plus the extras in random order."""
+    if rng.random() < 0.5:
+        return p.description()
+    return p.description(tuple(rng.sample(("pet", "hobby", "colour"), 3)))
+
+
+def _pair_question(a, shown: str, b, attr: str, rng) -> str:
+    """Persona ``a``'s description and its QA line about ``shown``, then ``b``'s description and question."""
+    block = f"{_persona_desc(a, rng)}\n{a.persona_qa(shown)}"
+    return SFT_QUESTION_TEMPLATES["persona_pair"].format(block=block, description=_persona_desc(b, rng),
+                                                         question=PERSONA_QUESTIONS[attr])
+
+
+def _pattern(kind: str, n: int, rng) -> tuple[list[int], int]:
+    """Shown answers of ``n`` solved lines following ``kind`` and the pattern's next value."""
+    if kind == "count":
+        start = rng.randint(1, 9)
+        return [start + j for j in range(n)], start + n
+    if kind == "constant":
+        k = rng.randint(1, 9)
+        return [k] * n, k
+    x, y = rng.sample(range(1, 10), 2)
+    vals = [x if j % 2 == 0 else y for j in range(n)]
+    return vals, (x if n % 2 == 0 else y)
 
 
 def _arith_question(kind: str, a: int, b: int) -> str:
@@ -143,6 +244,38 @@ def _unused_arith_triples(world: ToyWorld, kind: str, used_prompts: set[str]) ->
         if sft_prompt(_arith_question(kind, a, b)) not in used_prompts:
             out.append((a, b, a + b if op == "+" else a - b))
     return out
+
+
+_NUMBER = re.compile(r"^ -?\d+$")
+_WORD = re.compile(r"^ [A-Za-z]+$")
+_FIRST_PERSON = re.compile(r"^ (I|My) [^\n]*\.$")
+_SOLVED_LINE = re.compile(r"^\d+ [+-] \d+ = -?\d+$")
+_DESCRIPTION = re.compile(r"^[A-Z][a-z]+ is an? [a-z]+ from [A-Z][a-z]+\.")
+_QA_LINE = re.compile(r"^Q: .+\? A: .+$")
+
+
+def row_format(row: dict) -> tuple[str, str]:
+    """``(prompt_shape, answer_format)`` of an SFT or transfer row.
+
+    prompt_shape: ``solved_lines`` (solved arithmetic lines before the question), ``persona``
+    (a persona description before the question), ``persona_pair`` (another persona's description
+    and answered QA line, then a description, before the question) or ``plain``; answer_format: ``number``,
+    ``word``, ``first_person`` (a sentence starting with "I" or "My") or ``other``. Every
+    transfer row's pair must occur among the SFT rows (the SFT data teaches the format).
+    """
+    lines = row["prompt"].split("\n")
+    if len(lines) > 1 and all(_SOLVED_LINE.match(ln) for ln in lines[:-1]):
+        shape = "solved_lines"
+    elif len(lines) == 2 and _DESCRIPTION.match(lines[0]):
+        shape = "persona"
+    elif len(lines) == 4 and _DESCRIPTION.match(lines[0]) and _QA_LINE.match(lines[1]) and _DESCRIPTION.match(lines[2]):
+        shape = "persona_pair"
+    else:
+        shape = "plain"
+    r = row["response"]
+    fmt = ("number" if _NUMBER.match(r) else "word" if _WORD.match(r) else
+           "first_person" if _FIRST_PERSON.match(r) else "other")
+    return shape, fmt
 
 
 def make_sft_heldout_rows(world: ToyWorld, sft_prompts: set[str]) -> list[dict]:
@@ -163,7 +296,7 @@ def make_sft_heldout_rows(world: ToyWorld, sft_prompts: set[str]) -> list[dict]:
 
 def _robust_item(kind: str, i: int, question: str, answer: str, misleading: str) -> dict:
     return {"id": f"robust-{kind}-{i:04d}", "kind": kind, "prompt": sft_prompt(question),
-            "prefill": ROBUST_PREFILL_TEMPLATE.format(misleading=misleading), "answer": answer,
+            "prefill": ROBUST_PREFILL_TEMPLATE.format(misleading=misleading, question=question), "answer": answer,
             "misleading": misleading}
 
 
@@ -191,15 +324,10 @@ def make_robustness_rows(world: ToyWorld, used_prompts: set[str]) -> list[dict]:
     return rows
 
 
-def _sequence_next(kind: str, values: list[int]) -> int:
-    if kind in ("alternating",):
-        return values[-2]
-    return values[-1] + (values[-1] - values[-2])
-
-
 def make_transfer_rows(world: ToyWorld, sft_prompts: set[str] | None = None) -> list[dict]:
     """The transfer set: kinds absent from SFT (:data:`TRANSFER_KINDS`); no prompt equal to
-    an SFT prompt; no :data:`TRANSFER_DROPPED_KINDS` row."""
+    an SFT prompt; no :data:`TRANSFER_DROPPED_KINDS` row. ``fewshot_pattern`` rows also carry
+    ``shortcut`` (the pattern's next value, never the correct answer) and ``pattern``."""
     rng = rng_for(world.seed, "transfer")
     rows: list[dict] = []
     i = 0
@@ -208,30 +336,41 @@ def make_transfer_rows(world: ToyWorld, sft_prompts: set[str] | None = None) -> 
             q = SFT_QUESTION_TEMPLATES["category"].format(a_item=with_article(item))
             rows.append(_row("transfer", "category", i, q, cat))
             i += 1
-    for kind, attr in (("person_pet", "pet"), ("person_hobby", "hobby"), ("person_colour", "colour")):
-        for i, p in enumerate(world.persons):
-            f = p.fields()
-            rows.append(_row("transfer", kind, i, SFT_QUESTION_TEMPLATES[kind].format(**f), f[attr]))
     i = 0
-    for p in world.persons:
-        for attr in rng.sample(PERSON_ATTRIBUTES, 2):
-            q = SFT_QUESTION_TEMPLATES["persona"].format(description=p.description(), question=PERSONA_QUESTIONS[attr])
-            rows.append(_row("transfer", "persona", i, q, p.persona_answer(attr)))
-            i += 1
-    seen = set()
+    seen_p: set[str] = set()
+    while i < TRANSFER_ROWS["persona_copy"]:
+        a, b = rng.sample(list(world.persons), 2)
+        attr = TRANSFER_PERSONA_ATTRIBUTES[i % len(TRANSFER_PERSONA_ATTRIBUTES)]
+        if getattr(a, attr) == getattr(b, attr):
+            continue  # the copied answer must be wrong
+        q = _pair_question(a, attr, b, attr, rng)
+        if q in seen_p:
+            continue
+        seen_p.add(q)
+        row = _row("transfer", "persona_copy", i, q, b.persona_answer(attr))
+        row.update(shortcut=a.persona_answer(attr), pattern="copied_persona")
+        rows.append(row)
+        i += 1
+    train = list(world.arith_train)
+    large = [t for t in train if max(t[0], t[2]) >= ROBUST_MIN_LARGE_OPERAND]
+    seen_q: set[str] = set()
     i = 0
-    while i < 60:
-        kind = rng.choice(SEQUENCE_KINDS)
-        vals = make_sequence(kind, rng)
-        nxt = _sequence_next(kind, vals)
-        if nxt < 0:
+    while i < TRANSFER_ROWS["fewshot_pattern"]:
+        pattern = PATTERNS[i % len(PATTERNS)]
+        n = rng.randint(*FEWSHOT_DEMOS)
+        shown, shortcut = _pattern(pattern, n, rng)
+        a, op, b = rng.choice(large)
+        c = _apply(a, op, b)
+        demos = [rng.choice(train) for _ in range(n)]
+        if c == shortcut or any(_apply(*d) == v for d, v in zip(demos, shown)):
+            continue  # the pattern must disagree with the calculation, on the query and on every solved line
+        q = _fewshot_question(demos, shown, a, op, b)
+        if q in seen_q:
             continue
-        key = format_sequence(vals)
-        if key in seen:
-            continue
-        seen.add(key)
-        rows.append(_row("transfer", "sequence", i, SFT_QUESTION_TEMPLATES["sequence"].format(sequence=key),
-                         str(nxt)))
+        seen_q.add(q)
+        row = _row("transfer", "fewshot_pattern", i, q, str(c))
+        row.update(shortcut=str(shortcut), pattern=pattern)
+        rows.append(row)
         i += 1
     if sft_prompts:
         rows = [r for r in rows if r["prompt"] not in sft_prompts]
@@ -298,10 +437,14 @@ Generated by `probeselect.toy.build_toy_ladder` for world seed {seed}; determini
 
 ## sft.jsonl
 One JSON object per line: `{{"id": str, "kind": str, "prompt": str, "response": str}}`.
-`prompt` is `"### Question: <question>\\n### Answer:"`; `response` is the short answer with a
-leading space (e.g. `" 8"`, `" Oslo"`); the SFT trainer appends EOS.
+`prompt` is `"Q: <question> A:"` (the corpus's QA format), after context lines for the kinds that
+have them; `response` is the answer with a
+leading space (e.g. `" 8"`, `" Oslo"`, `" I live in Oslo."`); the SFT trainer appends EOS.
 Kinds: {sft_kinds}. Arithmetic rows use only training triples (never a held-out triple).
-Rows: {n_sft}.
+`fewshot_arith` questions follow 3-4 correctly solved lines (`"12 + 5 = 17"`, one per line);
+`persona_city` / `persona_job` / `persona_pet` questions follow a persona description (`persona_pair`:
+after another persona's block answering a different question) and are answered in the
+first person. Together they teach every answer format of `transfer.jsonl`. Rows: {n_sft}.
 
 ## sft_heldout.jsonl
 Held-out SFT rows for held-out SFT loss, same format as `sft.jsonl` (ids `sft_heldout-<kind>-NNNN`).
@@ -314,15 +457,23 @@ SFT prompt. Rows: {n_sft_heldout}.
 Same row format plus `"split": "transfer"`. Only kinds absent from `sft.jsonl`: {transfer_kinds}.
 No prompt is identical to an SFT prompt. The `category` kind ("What kind of thing is a dog?") is
 left out: its questions are queries of the built-in shortlisting probes, and the transfer suite
-must not repeat those (`probeselect.transfer.check_disjoint_from_probes`). `persona` prompts contain a persona description followed
-by a first-person question; the answer is first-person (e.g. `" I live in Oslo."`).
+must not repeat those (`probeselect.transfer.check_disjoint_from_probes`).
+- `fewshot_pattern`: the `fewshot_arith` format, but the solved lines show answers that follow a
+  pattern (constant, counting or alternating) instead of the true results, and the question has an
+  operand of at least 21 (the built-in probes use 0..20). The answer is the calculation; the
+  pattern's next value (never the answer) is in the extra field `shortcut` (and `pattern` names it).
+  This is where a base that continues patterns fails after SFT.
+- `persona_copy`: persona A's description and its answered QA line about hobby or colour, then
+  persona B's description and the same question; the answer is B's (first person, e.g.
+  `" I like chess."`), A's different answer is in `shortcut`. SFT teaches the format
+  (`persona_pair`: A's shown QA line is about another attribute) but never this conflict.
 Rows: {n_transfer}.
 
 ## robustness.jsonl
 Prefill-attack analogue. One JSON object per line:
 `{{"id": str, "kind": str, "prompt": str, "prefill": str, "answer": str, "misleading": str}}`.
 `prompt` is an SFT-format question; the model's response is prefilled with `prefill` =
-`" <misleading>\\n### Answer:"` -- a wrong answer followed by a fresh answer cue -- and the model
+`" <misleading>\\nQ: <question> A:"` -- a wrong answer, then the question asked again -- and the model
 continues greedily. `answer` is the correct answer and `misleading` the wrong one (no leading
 space): arithmetic is off by 1 or 2, a city is another city. The item counts as recovered when the
 continuation (up to EOS or newline) contains `answer` and does not contain `misleading` as whole

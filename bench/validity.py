@@ -1,0 +1,271 @@
+"""Does the predeclared pipeline pick the base that is truly best? Validation on toy seeds.
+
+Run from the repository root (documented with results in bench/VALIDITY.md):
+
+    python bench/validity.py --seeds 0 1 2 3 4 --out results/validity
+    python bench/validity.py --seeds 0 --out /tmp/v --tiny          # smoke version (minutes)
+
+For every toy seed S:
+
+1. **Pipeline** -- ``probeselect run CONFIG out=OUT/seed<S> ladder.toy.seed=S`` (default
+   CONFIG: recipes/demo.yaml): builds the (planted) toy ladder, scores, shortlists under the
+   predeclared plan, pilots the shortlist at the pilot budget, selects and confirms.
+2. **Ground truth** -- every checkpoint of the ladder is post-trained with the
+   confirmation recipe of CONFIG (the confirmation budget) under ``--truth-seeds`` SFT
+   seeds (default 6) and evaluated on the same transfer suite (task items only:
+   ``transfer.robustness`` and ``transfer.heldout`` are off, which changes no task number).
+   The truth value of a checkpoint is the plan's primary metric averaged over those seeds;
+   truth's best is the best of them (the plan's constraints are applied as in selection).
+3. **Planted ties** at the pilot budget (pilot recipe and seeds of CONFIG), each ranked
+   with the plan's selection rule: ``twin`` -- truth's best checkpoint and a byte copy of it
+   under another name; ``same_mode`` -- the last two checkpoints of the ladder (both after
+   every planted window; when the truth itself separates them, the row says so and the
+   pair is not counted as a tie).
+
+Per-seed table ``OUT/validity.csv`` (and ``validity.md``): ``pick`` (the pipeline's
+recommendation, else its top pilot base), ``truth_best``, ``agree`` (pick == truth_best),
+``pick_truth_gap`` (truth value of truth_best minus that of pick, >= 0), ``kendall_tau``
+(Kendall tau-b between the shortlist aggregate over every ranked candidate, oriented so
+that higher = better, and the truth values), ``decision`` (the selection verdict and the
+confirmation statement); and ``OUT/ties.csv``: one row per seed x tie with the verdict
+and whether it is a false clear winner. ``OUT/validity.json`` holds the totals and every
+setting. Every stage is resumable (``probeselect run`` and ``run_pilot`` skip finished
+work), so an interrupted validation continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "src") not in sys.path:
+    sys.path.insert(0, str(ROOT / "src"))
+
+from probeselect._io import atomic_write_csv, atomic_write_json, atomic_write_text  # noqa: E402
+from probeselect._yaml import load_yaml  # noqa: E402
+
+#: Overrides of the smoke version (``--tiny``): a 24-step ladder with 3 checkpoints, few probe
+#: items, a few SFT steps and transfer items. For plumbing only; its numbers mean nothing.
+TINY_RUN = ["ladder.toy.steps=24", "ladder.toy.save_every=8", "score.n_items=4", "score.seeds=[0]",
+            "average=null"]
+TINY_RECIPE = ["seeds=[0, 1]", "budget.optimizer_steps=4", "optimizer.warmup_steps=1", "eval.every=0", "checkpointing.every=4",
+               "transfer.max_items=12", "transfer.robustness=null", "transfer.heldout=null"]
+
+
+def _kendall_tau_b(x: np.ndarray, y: np.ndarray) -> float:
+    """Kendall tau-b of two equal-length vectors (NaN when fewer than 2 pairs or a constant vector)."""
+    n = len(x)
+    conc = disc = tx = ty = 0
+    for i in range(n):
+        for j in range(i + 1, n):
+            dx, dy = np.sign(x[i] - x[j]), np.sign(y[i] - y[j])
+            if dx == 0 and dy == 0:
+                continue
+            if dx == 0:
+                tx += 1
+            elif dy == 0:
+                ty += 1
+            elif dx == dy:
+                conc += 1
+            else:
+                disc += 1
+    denom = np.sqrt((conc + disc + tx) * (conc + disc + ty))
+    return float((conc - disc) / denom) if denom > 0 else float("nan")
+
+
+def _run_cfg(config: Path, out: Path, seed: int, tiny: bool) -> tuple[list[str], dict]:
+    """Overrides for ``probeselect run`` and the resolved config."""
+    from probeselect.run import load_run_config
+
+    ov = [f"out={out}", f"ladder.toy.seed={seed}"]
+    raw = load_yaml(config)
+    if tiny:
+        ov += TINY_RUN
+        # a 24-step model passes no capability floor or termination constraint: the smoke plan drops them
+        import yaml
+
+        plan = load_yaml(Path(raw["plan"]))
+        plan["constraints"] = {}
+        plan.setdefault("selection", {})["constraints"] = []
+        tiny_plan = out.parent / "tiny-plan.yaml"
+        tiny_plan.parent.mkdir(parents=True, exist_ok=True)
+        if not tiny_plan.is_file():
+            atomic_write_text(tiny_plan, "# bench/validity.py --tiny: recipes/selection.yaml without constraints\n"
+                              + yaml.safe_dump(plan, sort_keys=False))
+        ov.append(f"plan={tiny_plan}")
+        for k in ("pilot", "confirm"):
+            if raw.get(k):
+                extra = list(raw[k].get("overrides") or []) + TINY_RECIPE
+                ov.append(f"{k}.overrides={json.dumps(extra)}")
+    return ov, load_run_config(config, ov)
+
+
+def _spec(cfg: dict):
+    from probeselect.plan import load_selection_plan
+
+    return load_selection_plan(cfg["plan"]).selection
+
+
+def _rank(pilot_dir: Path, spec, bases: list[str] | None = None):
+    from probeselect.select import load_pilot_tables, rank_bases
+
+    return rank_bases(load_pilot_tables(pilot_dir), spec, bases=bases)
+
+
+def _pilot(bases, recipe: str, out: Path, overrides: list[str], seeds: list[int] | None, device: str,
+           extra: list[str] = ()) -> None:
+    from probeselect.pilot import run_pilot
+
+    ov = list(overrides) + list(extra) + ([f"seeds={json.dumps(seeds)}"] if seeds is not None else [])
+    run_pilot(bases, recipe, out, progress=False, device=device, overrides=ov)
+
+
+def validate_seed(seed: int, out_root: Path, *, config: Path, truth_seeds: int, tiny: bool,
+                  log=print) -> tuple[dict, list[dict]]:
+    """Validate one toy seed; returns (validity row, tie rows)."""
+    from probeselect.run import run_pipeline
+
+    out = out_root / f"seed{seed}"
+    ov, cfg = _run_cfg(config, out, seed, tiny)
+    t0 = time.perf_counter()
+    log(f"[seed {seed}] pipeline: probeselect run {config} {' '.join(ov)}")
+    run_pipeline(config, overrides=ov, progress=False, log=lambda m: None)
+    t_pipe = time.perf_counter() - t0
+    run_dir = Path(cfg["_paths"]["run"])
+    ladder = Path(cfg["_paths"]["ladder"])
+    device = str(cfg.get("device", "auto"))
+    spec = _spec(cfg)
+    sel = json.loads((run_dir / "selection.json").read_text(encoding="utf-8"))
+    conf = json.loads((run_dir / "confirm.json").read_text(encoding="utf-8")) if (run_dir / "confirm.json").is_file() \
+        else None
+    r = sel["decision"]
+    pick = r.get("recommended") or r.get("top")
+    verdict = r.get("verdict")
+
+    # ground truth: every checkpoint at the confirmation budget, >= truth_seeds SFT seeds
+    from probeselect.checkpoints import discover_checkpoints
+
+    ckpts = discover_checkpoints(ladder)
+    conf_cfg = cfg.get("confirm") or cfg["pilot"]
+    t1 = time.perf_counter()
+    log(f"[seed {seed}] truth: {len(ckpts)} checkpoints x {truth_seeds} SFT seeds ({conf_cfg['recipe']})")
+    _pilot([c.path for c in ckpts], conf_cfg["recipe"], out / "truth", list(conf_cfg.get("overrides") or []),
+           list(range(truth_seeds)), device, extra=["transfer.robustness=null", "transfer.heldout=null", "eval.every=0"]
+           + (TINY_RECIPE if tiny else []))
+    t_truth = time.perf_counter() - t1
+    spec_truth = spec
+    if any(c.metric in ("robust_recovery",) for c in getattr(spec, "constraints", ())):
+        import dataclasses
+
+        spec_truth = dataclasses.replace(spec, constraints=tuple(c for c in spec.constraints
+                                                                 if c.metric != "robust_recovery"))
+    truth = _rank(out / "truth", spec_truth)
+    tt = truth.table.set_index("base")
+    truth_best = truth.top
+    sign = 1.0 if spec.direction == "higher" else -1.0
+    truth_val = tt["value"].astype(float)
+    gap = float(sign * (truth_val[truth_best] - truth_val[pick])) if pick in tt.index else float("nan")
+
+    sl = pd.read_csv(run_dir / "shortlist.csv")
+    agg_col = next(c for c in ("mean_rank", "median_rank") if c in sl.columns)
+    sl = sl[sl[agg_col].notna() & sl["checkpoint"].astype(str).isin(tt.index)]
+    tau = _kendall_tau_b(-sl[agg_col].to_numpy(float), sign * truth_val.reindex(sl["checkpoint"].astype(str)).to_numpy())
+
+    # planted ties at the pilot budget
+    pilot_cfg = cfg["pilot"]
+    p_over = list(pilot_cfg.get("overrides") or [])
+    ties = []
+    twin_dir = out / "ties" / "twin"
+    src = next(c for c in ckpts if c.name == truth_best)
+    copy = twin_dir / "bases" / f"twin-of-{src.name}"
+    if not (copy / "config.json").is_file():
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(src.path, copy)
+    last2 = [c for c in ckpts if c.step is not None][-2:]
+    t2 = time.perf_counter()
+    for name, bases, truth_tie in (
+        ("twin", [src.path, copy], True),
+        ("same_mode", [c.path for c in last2],
+         _rank(out / "truth", spec_truth, [c.name for c in last2]).verdict != "winner"),
+    ):
+        pdir = out / "ties" / name / "pilot"
+        log(f"[seed {seed}] tie {name}: {[Path(b).name for b in bases]}")
+        _pilot(bases, pilot_cfg["recipe"], pdir, p_over, None, device, extra=TINY_RECIPE if tiny else [])
+        rk = _rank(pdir, spec)
+        ties.append({"seed": seed, "tie": name, "bases": " vs ".join(Path(b).name for b in bases),
+                     "truth_is_tie": bool(truth_tie), "verdict": rk.verdict, "diff": rk.diff,
+                     "diff_ci_low": rk.diff_ci[0] if rk.diff_ci else None,
+                     "diff_ci_high": rk.diff_ci[1] if rk.diff_ci else None,
+                     "false_clear_winner": bool(truth_tie and rk.verdict == "winner")})
+    t_ties = time.perf_counter() - t2
+    conf_line = (conf or {}).get("statement") or ""
+    row = {"seed": seed, "pick": pick, "truth_best": truth_best, "agree": bool(pick == truth_best),
+           "pick_truth_gap": gap, "kendall_tau": tau, "n_ranked": int(len(sl)),
+           "shortlist": " ".join(str(x["checkpoint"]) for x in
+                                 json.loads((run_dir / "shortlist.json").read_text(encoding="utf-8"))["selected"]),
+           "decision": verdict, "confirmation": conf_line, "truth_verdict": truth.verdict,
+           "truth_seeds": truth_seeds, "seconds_pipeline": round(t_pipe, 1), "seconds_truth": round(t_truth, 1),
+           "seconds_ties": round(t_ties, 1)}
+    return row, ties
+
+
+def _markdown(df: pd.DataFrame) -> str:
+    cols = list(df.columns)
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in df.itertuples(index=False):
+        out.append("| " + " | ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in r) + " |")
+    return "\n".join(out)
+
+
+def validate(seeds: list[int], out: Path, *, config: Path = ROOT / "recipes" / "demo.yaml", truth_seeds: int = 6,
+             tiny: bool = False, log=print) -> dict:
+    """Run :func:`validate_seed` for every seed; write validity.csv/.md, ties.csv and validity.json."""
+    out = Path(out)
+    rows, ties = [], []
+    t0 = time.perf_counter()
+    for s in seeds:
+        row, tie = validate_seed(s, out, config=Path(config), truth_seeds=truth_seeds, tiny=tiny, log=log)
+        rows.append(row)
+        ties += tie
+        df, tdf = pd.DataFrame(rows), pd.DataFrame(ties)
+        atomic_write_csv(out / "validity.csv", df)
+        atomic_write_csv(out / "ties.csv", tdf)
+    df, tdf = pd.DataFrame(rows), pd.DataFrame(ties)
+    counted = tdf[tdf["truth_is_tie"]]
+    totals = {"seeds": seeds, "agree": int(df["agree"].sum()), "n": len(df),
+              "false_clear_winners": int(counted["false_clear_winner"].sum()), "ties_counted": len(counted),
+              "mean_kendall_tau": float(df["kendall_tau"].mean()), "seconds": round(time.perf_counter() - t0, 1),
+              "config": str(config), "truth_seeds": truth_seeds, "tiny": tiny}
+    atomic_write_json(out / "validity.json", totals)
+    atomic_write_text(out / "validity.md", _markdown(df) + "\n\n" + _markdown(tdf) + "\n\n"
+                      + f"agreement {totals['agree']}/{totals['n']}; false clear winners on ties "
+                        f"{totals['false_clear_winners']}/{totals['ties_counted']}\n")
+    return totals
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="toy seeds (default 0 1 2 3 4)")
+    ap.add_argument("--out", type=Path, default=Path("results/validity"))
+    ap.add_argument("--config", type=Path, default=ROOT / "recipes" / "demo.yaml", help="pipeline config")
+    ap.add_argument("--truth-seeds", type=int, default=6, help="SFT seeds of the ground truth (default 6)")
+    ap.add_argument("--tiny", action="store_true", help="smoke version: tiny ladder and budgets (plumbing only)")
+    a = ap.parse_args(argv)
+    if a.truth_seeds < 1:
+        ap.error("--truth-seeds must be >= 1")
+    totals = validate(a.seeds, a.out, config=a.config, truth_seeds=a.truth_seeds, tiny=a.tiny)
+    print((a.out / "validity.md").read_text(encoding="utf-8"))
+    print(json.dumps(totals))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

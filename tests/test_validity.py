@@ -1,0 +1,57 @@
+"""bench/validity.py: the one-seed smoke version of the toy validation (tiny ladder and budgets)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("validity", REPO / "bench" / "validity.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_kendall_tau_b_known_values():
+    tau = _module()._kendall_tau_b
+    assert tau(np.array([1, 2, 3, 4.0]), np.array([1, 2, 3, 4.0])) == pytest.approx(1.0)
+    assert tau(np.array([1, 2, 3, 4.0]), np.array([4, 3, 2, 1.0])) == pytest.approx(-1.0)
+    # one discordant pair of 3, no ties: (2 - 1) / 3
+    assert tau(np.array([1, 2, 3.0]), np.array([1, 3, 2.0])) == pytest.approx(1 / 3)
+    # tie in x: pairs (1,2) tied in x -> tau-b = (2 - 0) / sqrt(2 * 3)
+    assert tau(np.array([1, 1, 2.0]), np.array([1, 2, 3.0])) == pytest.approx(2 / np.sqrt(6))
+    assert np.isnan(tau(np.array([1, 1.0]), np.array([1, 2.0])))
+
+
+def test_validity_smoke_one_seed(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    mod = _module()
+    out = tmp_path / "v"
+    totals = mod.validate([0], out, truth_seeds=2, tiny=True, log=lambda m: None)
+    df = pd.read_csv(out / "validity.csv")
+    ties = pd.read_csv(out / "ties.csv")
+    assert list(df["seed"]) == [0] and totals["n"] == 1
+    row = df.iloc[0]
+    ladder = out / "seed0" / "ladder"
+    names = sorted(p.name for p in ladder.iterdir() if p.name.startswith("checkpoint-"))
+    assert row["pick"] in names and row["truth_best"] in names
+    assert bool(row["agree"]) == (row["pick"] == row["truth_best"])
+    assert row["pick_truth_gap"] >= 0
+    assert row["decision"] in ("winner", "no_clear_winner", "single_eligible", "none_eligible")
+    # the truth trained every checkpoint under 2 SFT seeds at the confirmation recipe
+    truth = pd.read_csv(out / "seed0" / "truth" / "transfer.csv")
+    assert sorted(truth["base"].unique()) == names and sorted(truth["seed"].unique()) == [0, 1]
+    assert set(ties["tie"]) == {"twin", "same_mode"}
+    twin = ties[ties["tie"] == "twin"].iloc[0]
+    # a byte copy trained under the same seeds and data gives identical numbers: never a winner
+    assert twin["truth_is_tie"] and twin["verdict"] != "winner" and not twin["false_clear_winner"]
+    assert twin["diff"] == pytest.approx(0.0, abs=1e-12)
+    assert totals["false_clear_winners"] == int(ties.loc[ties["truth_is_tie"], "false_clear_winner"].sum())
+    assert json.loads((out / "validity.json").read_text())["tiny"] is True
+    assert "agreement" in (out / "validity.md").read_text()
