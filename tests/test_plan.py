@@ -169,8 +169,9 @@ def test_lock_checks_metrics_against_the_pilot_recipe(run, tmp_path):
                   recipe_overrides=["transfer.tasks=x.jsonl", "transfer.heldout=null", "transfer.robustness=null",
                                     "eval.every=0"])
     plan.write_text(PLAN)
-    rec = lock_plan(plan, d, recipe=REPO / "recipes" / "pilot.yaml", recipe_overrides=["transfer.tasks=x.jsonl"])
-    # recipes/pilot.yaml trains 2 seeds; the plan asks for 3 by default
+    rec = lock_plan(plan, d, recipe=REPO / "recipes" / "pilot.yaml",
+                    recipe_overrides=["transfer.tasks=x.jsonl", "seeds=[0,1]"])
+    # a recipe that trains 2 seeds; the plan asks for 3 by default
     assert rec["recipe"]["seeds"] == [0, 1] and any("min_sft_seeds = 3" in w for w in rec["warnings"])
 
 
