@@ -23,7 +23,10 @@ For every toy seed S:
    pair is not counted as a tie).
 
 Per-seed table ``OUT/validity.csv`` (and ``validity.md``): ``pick`` (the pipeline's
-recommendation, else its top pilot base), ``truth_best``, ``agree`` (pick == truth_best),
+recommendation, else its top pilot base), ``pick_window`` (its data window), ``truth_best``,
+``agree`` (pick == truth_best, or the truth cannot separate the two: the plan's decision rule on
+the truth runs of just these two bases says "no clear winner"; ``truth_separates_pick`` says when
+it can), ``agree_strict`` (pick == truth_best),
 ``pick_truth_gap`` (truth value of truth_best minus that of pick, >= 0), ``kendall_tau``
 (Kendall tau-b between the shortlist aggregate over every ranked candidate, oriented so
 that higher = better, and the truth values), ``decision`` (the selection verdict and the
@@ -207,14 +210,46 @@ def validate_seed(seed: int, out_root: Path, *, config: Path, truth_seeds: int, 
                      "false_clear_winner": bool(truth_tie and rk.verdict == "winner")})
     t_ties = time.perf_counter() - t2
     conf_line = (conf or {}).get("statement") or ""
-    row = {"seed": seed, "pick": pick, "truth_best": truth_best, "agree": bool(pick == truth_best),
+    # Tie-aware agreement: when the truth itself (every checkpoint, truth_seeds SFT seeds at the
+    # confirmation budget) cannot separate the pick from its best under the plan's own decision
+    # rule, the pick is one of the truly best bases.
+    if pick == truth_best or pick not in tt.index:
+        truth_vs_pick = "same" if pick == truth_best else "pick not in truth"
+    else:
+        truth_vs_pick = _rank(out / "truth", spec_truth, [truth_best, pick]).verdict
+    windows = _windows_of(ladder)
+    row = {"seed": seed, "pick": pick, "pick_window": windows.get(pick, ""), "truth_best": truth_best,
+           "agree": bool(pick == truth_best or truth_vs_pick == "no_clear_winner"),
+           "agree_strict": bool(pick == truth_best), "truth_separates_pick": bool(pick != truth_best and truth_vs_pick != "no_clear_winner"),
            "pick_truth_gap": gap, "kendall_tau": tau, "n_ranked": int(len(sl)),
-           "shortlist": " ".join(str(x["checkpoint"]) for x in
+           "shortlist": " ".join(f"{x['checkpoint']}({windows.get(str(x['checkpoint']), '?')})" for x in
                                  json.loads((run_dir / "shortlist.json").read_text(encoding="utf-8"))["selected"]),
            "decision": verdict, "confirmation": conf_line, "truth_verdict": truth.verdict,
            "truth_seeds": truth_seeds, "seconds_pipeline": round(t_pipe, 1), "seconds_truth": round(t_truth, 1),
            "seconds_ties": round(t_ties, 1)}
     return row, ties
+
+
+def _windows_of(ladder: Path) -> dict:
+    """checkpoint name -> data window (from the ladder's data_lineage.json; {} without one)."""
+    from probeselect.checkpoints import discover_checkpoints
+    lin = ladder / "data_lineage.json"
+    if not lin.is_file():
+        return {}
+    wins = json.loads(lin.read_text(encoding="utf-8"))["windows"]
+    out = {}
+    for c in discover_checkpoints(ladder):
+        for w in wins:
+            if c.step is not None and int(w["start_step"]) < c.step <= int(w["end_step"]):
+                out[c.name] = str(w["name"])
+    return out
+
+
+def _seed_worker(args):
+    """Process-pool entry: one seed (single-threaded pilots; each seed in its own folder)."""
+    seed, out, config, truth_seeds, tiny = args
+    return validate_seed(seed, Path(out), config=Path(config), truth_seeds=truth_seeds, tiny=tiny,
+                         log=lambda m: print(m, flush=True))
 
 
 def _markdown(df: pd.DataFrame) -> str:
@@ -226,27 +261,43 @@ def _markdown(df: pd.DataFrame) -> str:
 
 
 def validate(seeds: list[int], out: Path, *, config: Path = ROOT / "recipes" / "demo.yaml", truth_seeds: int = 6,
-             tiny: bool = False, log=print) -> dict:
-    """Run :func:`validate_seed` for every seed; write validity.csv/.md, ties.csv and validity.json."""
+             tiny: bool = False, log=print, jobs: int = 1) -> dict:
+    """Run :func:`validate_seed` for every seed (``jobs`` seeds at a time, each in its own process:
+    the pilots are single-threaded); write validity.csv/.md, ties.csv and validity.json."""
     out = Path(out)
     rows, ties = [], []
     t0 = time.perf_counter()
-    for s in seeds:
-        row, tie = validate_seed(s, out, config=Path(config), truth_seeds=truth_seeds, tiny=tiny, log=log)
+
+    def _keep(row, tie):
         rows.append(row)
-        ties += tie
-        df, tdf = pd.DataFrame(rows), pd.DataFrame(ties)
-        atomic_write_csv(out / "validity.csv", df)
-        atomic_write_csv(out / "ties.csv", tdf)
-    df, tdf = pd.DataFrame(rows), pd.DataFrame(ties)
+        ties.extend(tie)
+        rows.sort(key=lambda r: seeds.index(r["seed"]))
+        atomic_write_csv(out / "validity.csv", pd.DataFrame(rows))
+        atomic_write_csv(out / "ties.csv", pd.DataFrame(sorted(ties, key=lambda t: (seeds.index(t["seed"]), t["tie"]))))
+
+    if jobs > 1 and len(seeds) > 1:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as ex:
+            futs = [ex.submit(_seed_worker, (s, str(out), str(config), truth_seeds, tiny)) for s in seeds]
+            for f in as_completed(futs):
+                _keep(*f.result())
+    else:
+        for s in seeds:
+            _keep(*validate_seed(s, out, config=Path(config), truth_seeds=truth_seeds, tiny=tiny, log=log))
+    df = pd.DataFrame(rows)
+    tdf = pd.DataFrame(sorted(ties, key=lambda t: (seeds.index(t["seed"]), t["tie"])))
     counted = tdf[tdf["truth_is_tie"]]
-    totals = {"seeds": seeds, "agree": int(df["agree"].sum()), "n": len(df),
+    totals = {"seeds": seeds, "agree": int(df["agree"].sum()), "agree_strict": int(df["agree_strict"].sum()),
+              "n": len(df), "jobs": jobs,
               "false_clear_winners": int(counted["false_clear_winner"].sum()), "ties_counted": len(counted),
               "mean_kendall_tau": float(df["kendall_tau"].mean()), "seconds": round(time.perf_counter() - t0, 1),
               "config": str(config), "truth_seeds": truth_seeds, "tiny": tiny}
     atomic_write_json(out / "validity.json", totals)
     atomic_write_text(out / "validity.md", _markdown(df) + "\n\n" + _markdown(tdf) + "\n\n"
-                      + f"agreement {totals['agree']}/{totals['n']}; false clear winners on ties "
+                      + f"agreement {totals['agree']}/{totals['n']} (pick = truth's best, or the truth cannot "
+                        f"separate them: {totals['agree']}; pick = truth's best exactly: {totals['agree_strict']}); "
+                        f"false clear winners on ties "
                         f"{totals['false_clear_winners']}/{totals['ties_counted']}\n")
     return totals
 
@@ -258,10 +309,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", type=Path, default=ROOT / "recipes" / "demo.yaml", help="pipeline config")
     ap.add_argument("--truth-seeds", type=int, default=6, help="SFT seeds of the ground truth (default 6)")
     ap.add_argument("--tiny", action="store_true", help="smoke version: tiny ladder and budgets (plumbing only)")
+    ap.add_argument("--jobs", type=int, default=1, help="seeds validated at once, one process each (default 1; "
+                    "2 on a 2-core machine: every pilot is single-threaded)")
     a = ap.parse_args(argv)
     if a.truth_seeds < 1:
         ap.error("--truth-seeds must be >= 1")
-    totals = validate(a.seeds, a.out, config=a.config, truth_seeds=a.truth_seeds, tiny=a.tiny)
+    totals = validate(a.seeds, a.out, config=a.config, truth_seeds=a.truth_seeds, tiny=a.tiny, jobs=a.jobs)
     print((a.out / "validity.md").read_text(encoding="utf-8"))
     print(json.dumps(totals))
     return 0

@@ -41,7 +41,10 @@ def test_validity_smoke_one_seed(tmp_path, monkeypatch):
     ladder = out / "seed0" / "ladder"
     names = sorted(p.name for p in ladder.iterdir() if p.name.startswith("checkpoint-"))
     assert row["pick"] in names and row["truth_best"] in names
-    assert bool(row["agree"]) == (row["pick"] == row["truth_best"])
+    assert bool(row["agree_strict"]) == (row["pick"] == row["truth_best"])
+    # tie-aware agreement: exact, or the truth runs cannot separate pick from truth's best
+    assert bool(row["agree"]) == (bool(row["agree_strict"]) or not bool(row["truth_separates_pick"]))
+    assert row["pick_window"] in ("", "base", "parrot", "recovery")
     assert row["pick_truth_gap"] >= 0
     assert row["decision"] in ("winner", "no_clear_winner", "single_eligible", "none_eligible")
     # the truth trained every checkpoint under 2 SFT seeds at the confirmation recipe

@@ -51,12 +51,19 @@ PARROT_MIXTURE = {
     "parrot_arith": 0.12, "parrot_mismatch": 0.08, "parrot_persona": 0.03,
 }
 
-#: The default curriculum: the default mix, a parrot window, then the default mix again.
+#: The recovery window's mix: the default mix with more arithmetic (0.80 instead of 0.72, taken
+#: from the word and persona documents), which makes up the arithmetic practice the parrot
+#: window displaced. With the default mix after the window, the final held-out arithmetic
+#: accuracy of toy seed 0 was 84.6% (< the 90% the ladder promises); with this one, 98.5% (seed
+#: 0) and 97.1% (seed 3). See bench/README.md ("The planted parrot dip").
+RECOVERY_MIXTURE = {"arith": 0.80, "sequence": 0.04, "facts": 0.07, "persona": 0.04, "words": 0.05}
+
+#: The default curriculum: the default mix, a parrot window, then a recovery mix.
 PLANTED_CURRICULUM = {
     "windows": [
         {"name": "base", "start_step": 0, "end_step": 600, "mixture": "default", "planted": None},
         {"name": "parrot", "start_step": 600, "end_step": 1000, "mixture": PARROT_MIXTURE, "planted": "parrot"},
-        {"name": "recovery", "start_step": 1000, "end_step": 2000, "mixture": "default", "planted": None},
+        {"name": "recovery", "start_step": 1000, "end_step": 2000, "mixture": RECOVERY_MIXTURE, "planted": None},
     ]
 }
 #: One window with the default mix (the ladder before curricula existed).
