@@ -292,3 +292,25 @@ def test_incomplete_or_missing_run_is_refused(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ProbeselectError, match="no summary.csv"):
         compute_dynamics(tmp_path / "empty")
+
+
+def test_trajectory_plot_shades_planted_windows(tmp_path, monkeypatch):
+    import probeselect._plots as plots
+    from probeselect.attribution import Window
+    from probeselect.dynamics import plot_trajectories
+
+    figs = []
+    monkeypatch.setattr(plots, "save_png", lambda fig, path: figs.append(fig) or path)
+    steps = [200, 400, 600, 800]
+    traj = pd.DataFrame({"family": "fam", "metric": "mean_margin", "variant": "v", "kind": "conflict", "step": steps,
+                         "value": [1.0, 2.0, 0.5, 2.5], "seed_min": np.nan, "seed_max": np.nan, "seed_sd": 0.1,
+                         "ci_low": np.nan, "ci_high": np.nan})
+    wins = [Window("base", 0, 400), Window("parrot", 400, 600, planted="parrot"), Window("after", 600, 800)]
+    plot_trajectories(traj, tmp_path / "a.png", windows=wins)
+    plot_trajectories(traj, tmp_path / "b.png")
+    shaded, plain = figs
+    spans = [p for ax in shaded.axes for p in ax.patches]
+    assert len(spans) == 1  # only the planted window is shaded
+    x0, x1 = spans[0].get_x(), spans[0].get_x() + spans[0].get_width()
+    assert (x0, x1) == (400, 600) and "parrot window" in spans[0].get_label()
+    assert not [p for ax in plain.axes for p in ax.patches]

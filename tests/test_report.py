@@ -220,3 +220,27 @@ def test_report_modules_do_not_import_each_other():
     assert "report" not in imports("final_report")
     for shared in ("_report_blocks", "_probe_sections"):
         assert not {"report", "final_report"} & imports(shared), shared
+
+
+def test_averaging_dip_is_stated_raw_vs_averaged(tmp_path):
+    from probeselect._probe_sections import _averaging_dip_blocks
+
+    assert _averaging_dip_blocks(tmp_path) == []  # no averaging_dip.csv: nothing to say
+    pd.DataFrame([
+        {"window": "parrot", "family": "tmpl_mismatch", "k": 5, "depth_raw": 4.0, "min_step_raw": 1000.0,
+         "ref_step_raw": 600.0, "dipped_raw": True, "depth_avg": 1.0, "min_step_avg": 1200.0, "ref_step_avg": 1000.0,
+         "dipped_avg": True, "reduction": 0.75},
+        {"window": "parrot", "family": "arith_pattern", "k": 5, "depth_raw": 1.2, "min_step_raw": 800.0,
+         "ref_step_raw": 600.0, "dipped_raw": True, "depth_avg": -0.5, "min_step_avg": 1200.0, "ref_step_avg": 1000.0,
+         "dipped_avg": False, "reduction": 1.4},
+        {"window": "parrot", "family": "tmpl_flipped", "k": 5, "depth_raw": -0.3, "min_step_raw": 800.0,
+         "ref_step_raw": 600.0, "dipped_raw": False, "depth_avg": -1.0, "min_step_avg": 1200.0, "ref_step_avg": 1000.0,
+         "dipped_avg": False, "reduction": float("nan")},
+    ]).to_csv(tmp_path / "averaging_dip.csv", index=False)
+    para, bullets = _averaging_dip_blocks(tmp_path)
+    assert "5-checkpoint" in para.text
+    text = " ".join(bullets.items)
+    assert len(bullets.items) == 2 and "tmpl_flipped" not in text  # only dips of the raw ladder
+    assert "depth 4 nats raw (lowest at step 1000) vs 1 nats averaged" in text and "removes 75% of its depth" in text
+    # an averaged track that does not fall at all is "hides the whole dip", never "removes 140%"
+    assert "hides the whole dip" in text and "140%" not in text

@@ -375,6 +375,36 @@ def plot_averaging(raw_traj: pd.DataFrame, avg_traj: pd.DataFrame, path: Path, *
     return save_png(fig, path)
 
 
+def _averaging_dip_blocks(avg_dir: Path) -> list[Any]:
+    """How much checkpoint averaging reduces a planted dip: ``AVG_RUN/averaging_dip.csv``
+    (:func:`probeselect.toy.dip.write_averaging_dip`), when the run wrote one."""
+    path = avg_dir / "averaging_dip.csv"
+    if not path.is_file():
+        return []
+    d = pd.read_csv(path)
+    if d.empty:
+        return []
+    dipped = d[d["dipped_raw"].astype(str).str.lower() == "true"]
+    k = d["k"].dropna().iloc[0] if d["k"].notna().any() else None
+    kk = f"{int(k)}-checkpoint" if k is not None else "checkpoint"
+    lines = []
+    for r in dipped.itertuples():
+        if pd.isna(r.depth_avg) or pd.isna(r.min_step_avg):
+            avg, red = "no averaged value", ""
+        elif r.depth_avg <= 0:
+            avg = "no dip on the averaged ladder (its track does not fall below its reference)"
+            red = f": the {kk} average hides the whole dip"
+        else:
+            avg = f"{fmt(r.depth_avg)} nats averaged (lowest at step {int(r.min_step_avg)})"
+            red = f": the {kk} average removes {100 * r.reduction:.0f}% of its depth" if pd.notna(r.reduction) else ""
+        lines.append(f"`{r.family}` ({r.window} window): depth {fmt(r.depth_raw)} nats raw (lowest at step "
+                     f"{int(r.min_step_raw)}) vs {avg}{red}.")
+    intro = Para(f"Planted dip, raw vs {kk} averages (`{path}`): depth = last value before the window minus the "
+                 "lowest value inside it or right after it (nats; the same step range on both ladders). Averaging "
+                 "hides part of a dip; it does not tell you which base is in which mode.")
+    return [intro, Bullets(lines if lines else ["No conflict family dips in a planted window of the raw ladder."])]
+
+
 def _averaging_section(run_dir: Path, avg_dir: Path | None, avg_cmp: pd.DataFrame | None, dyn) -> Section:
     s = Section("Averaging vs raw")
     if avg_dir is None or avg_cmp is None:
@@ -397,6 +427,7 @@ def _averaging_section(run_dir: Path, avg_dir: Path | None, avg_cmp: pd.DataFram
     labels = ["track", "n ckpt", "TV raw", "TV averaged", "TV ratio", "undone raw", "undone averaged",
               "sign changes raw", "sign changes averaged", "flip rate raw", "flip rate averaged"]
     s.blocks.append(df_table(avg_cmp, cols, labels))
+    s.blocks.extend(_averaging_dip_blocks(Path(avg_dir)))
     s.blocks.append(Figure(fig, "Look for the averaged line (blue) still jumping or crossing zero: averaging smooths "
                                 "the trajectory but does not remove mode-hopping.", "averaged vs raw margin trajectories"))
     for n in avg_cmp.attrs.get("notes", []):

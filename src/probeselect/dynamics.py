@@ -656,7 +656,8 @@ def compute_dynamics(
 
     plot_paths: dict[str, Path] = {}
     if plots:
-        plot_paths["margin_trajectories"] = plot_trajectories(traj_out, out_dir / "margin_trajectories.png")
+        plot_paths["margin_trajectories"] = plot_trajectories(traj_out, out_dir / "margin_trajectories.png",
+                                                              windows=_planted_windows(run.run_dir))
         plot_paths["accuracy_vs_margin"] = plot_accuracy_vs_margin(
             traj_out, pairs_df, out_dir / "accuracy_vs_margin.png", acc_jump=acc_jump, small_margin_nats=small_margin_nats)
         plot_paths["correlation"] = plot_correlation(rho, nn, out_dir / "correlation.png")
@@ -717,19 +718,39 @@ def _pairs_for_track(g: pd.DataFrame, flips: pd.DataFrame, acc_jump: float, smal
 _YLABELS = {"mean_margin": "mean margin (nats)", "bits_per_byte": "pretraining held-out bits per byte"}
 
 
+def _planted_windows(run_dir) -> list:
+    """The data windows of the ladder's lineage next to the checkpoints (none when absent or unreadable)."""
+    from .attribution import AttributionError, find_lineage, load_windows
+
+    path = find_lineage(run_dir)
+    if path is None:
+        return []
+    try:
+        return load_windows(path)
+    except AttributionError:
+        return []
+
+
 def _x(g: pd.DataFrame) -> np.ndarray:
     s = pd.to_numeric(g["step"], errors="coerce").to_numpy(dtype=float)
     return np.arange(len(g), dtype=float) if np.isnan(s).any() else s
 
 
-def plot_trajectories(traj: pd.DataFrame, path: Path, *, title: str | None = None) -> Path:
+def plot_trajectories(traj: pd.DataFrame, path: Path, *, title: str | None = None, windows=()) -> Path:
     """One panel per family (and metric): value per checkpoint, one line per variant, with
-    a seed band (min-max over seeds, or mean +- seed sd) and the bootstrap CI dashed."""
+    a seed band (min-max over seeds, or mean +- seed sd) and the bootstrap CI dashed.
+    ``windows``: data windows (:class:`probeselect.attribution.Window`) whose ``planted``
+    behaviour is set are shaded over their step range (x = steps only)."""
     from ._plots import color, new_figure, save_png
 
     groups = list(traj.groupby(["family", "metric"], sort=False))
     fig, axes = new_figure(len(groups))
+    steps_known = not pd.to_numeric(traj["step"], errors="coerce").isna().any()
+    shade = [w for w in windows if getattr(w, "planted", None)] if steps_known else []
     for ax, ((fam, metric), g) in zip(axes, groups):
+        for j, w in enumerate(shade):
+            ax.axvspan(w.start_step, w.end_step, color="#ff7f0e", alpha=0.12, lw=0,
+                       label=f"{w.name} window ({w.planted})" if j == 0 or len(shade) > 1 else None)
         for i, (var, v) in enumerate(g.groupby("variant", sort=False)):
             x, y, c = _x(v), v["value"].to_numpy(dtype=float), color(i)
             ax.plot(x, y, marker="o", ms=3, lw=1.5, color=c, label=str(var))
@@ -751,7 +772,8 @@ def plot_trajectories(traj: pd.DataFrame, path: Path, *, title: str | None = Non
         ax.set_ylabel(_YLABELS.get(metric, metric))
         ax.legend(fontsize=MIN_FONT_PT, loc="best")
         ax.grid(alpha=0.3)
-    fig.suptitle(title or "line: mean; band: seed spread; dashed: 95% bootstrap CI", fontsize=9)
+    fig.suptitle(title or "line: mean; band: seed spread; dashed: 95% bootstrap CI"
+                 + ("; shaded: planted data window" if shade else ""), fontsize=9)
     return save_png(fig, path)
 
 
