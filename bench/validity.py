@@ -22,7 +22,10 @@ For every toy seed S:
    every planted window; when the truth itself separates them, the row says so and the
    pair is not counted as a tie).
 
-Per-seed table ``OUT/validity.csv`` (and ``validity.md``): ``pick`` (the pipeline's
+Per-seed table ``OUT/validity.csv`` (and ``validity.md``): the ladder's planted dip on the
+pipeline's own scores (``dip_pass``, ``dip_families`` = conflict families that dip and recover,
+``capability_dips`` = capability families or held-out bpb that dip; criteria of
+:func:`probeselect.toy.dip.check_planted_dip`) and ``final_heldout_arith``; ``pick`` (the pipeline's
 recommendation, else its top pilot base), ``pick_window`` (its data window), ``truth_best``,
 ``agree`` (pick == truth_best, or the truth cannot separate the two: the plan's decision rule on
 the truth runs of just these two bases says "no clear winner"; ``truth_separates_pick`` says when
@@ -31,7 +34,8 @@ it can), ``agree_strict`` (pick == truth_best),
 (Kendall tau-b between the shortlist aggregate over every ranked candidate, oriented so
 that higher = better, and the truth values), ``decision`` (the selection verdict and the
 confirmation statement); and ``OUT/ties.csv``: one row per seed x tie with the verdict
-and whether it is a false clear winner. ``OUT/validity.json`` holds the totals and every
+and whether it is a false clear winner; ``OUT/truth_values.csv``: the truth value (and its SFT-seed
+sd) of every checkpoint of every seed, with its data window. ``OUT/validity.json`` holds the totals and every
 setting. Every stage is resumable (``probeselect run`` and ``run_pilot`` skip finished
 work), so an interrupted validation continues where it stopped.
 """
@@ -210,6 +214,8 @@ def validate_seed(seed: int, out_root: Path, *, config: Path, truth_seeds: int, 
                      "false_clear_winner": bool(truth_tie and rk.verdict == "winner")})
     t_ties = time.perf_counter() - t2
     conf_line = (conf or {}).get("statement") or ""
+    shortlisted = {str(x["checkpoint"]) for x in
+                   json.loads((run_dir / "shortlist.json").read_text(encoding="utf-8"))["selected"]}
     # Tie-aware agreement: when the truth itself (every checkpoint, truth_seeds SFT seeds at the
     # confirmation budget) cannot separate the pick from its best under the plan's own decision
     # rule, the pick is one of the truly best bases.
@@ -218,7 +224,14 @@ def validate_seed(seed: int, out_root: Path, *, config: Path, truth_seeds: int, 
     else:
         truth_vs_pick = _rank(out / "truth", spec_truth, [truth_best, pick]).verdict
     windows = _windows_of(ladder)
-    row = {"seed": seed, "pick": pick, "pick_window": windows.get(pick, ""), "truth_best": truth_best,
+    scols = [c for c in tt.columns if c.startswith("seed") and c[4:].isdigit()]
+    truth_rows = [{"seed": seed, "checkpoint": b, "window": windows.get(b, ""), "truth_value": float(truth_val[b]),
+                   "truth_seed_sd": float(np.std(tt.loc[b, scols].to_numpy(float), ddof=1)) if len(scols) > 1
+                   else float("nan"), "eligible": bool(tt.loc[b, "eligible"]),
+                   "shortlisted": b in shortlisted, "pick": b == pick} for b in tt.index]
+    atomic_write_csv(out / "truth_values.csv", pd.DataFrame(truth_rows).sort_values("checkpoint", key=lambda c: c.map(
+        lambda n: int(n.rsplit("-", 1)[-1]) if n.rsplit("-", 1)[-1].isdigit() else 0)))
+    row = {"seed": seed, **_dip_columns(run_dir, ladder), "pick": pick, "pick_window": windows.get(pick, ""), "truth_best": truth_best,
            "agree": bool(pick == truth_best or truth_vs_pick == "no_clear_winner"),
            "agree_strict": bool(pick == truth_best), "truth_separates_pick": bool(pick != truth_best and truth_vs_pick != "no_clear_winner"),
            "pick_truth_gap": gap, "kendall_tau": tau, "n_ranked": int(len(sl)),
@@ -243,6 +256,24 @@ def _windows_of(ladder: Path) -> dict:
             if c.step is not None and int(w["start_step"]) < c.step <= int(w["end_step"]):
                 out[c.name] = str(w["name"])
     return out
+
+
+def _dip_columns(run_dir: Path, ladder: Path) -> dict:
+    """The planted-dip criteria (:func:`probeselect.toy.dip.check_planted_dip`) on the pipeline's own
+    scores of this ladder, and the ladder's final held-out arithmetic accuracy."""
+    from probeselect.toy.dip import check_planted_dip
+
+    info = json.loads((ladder / "ladder.json").read_text(encoding="utf-8"))
+    out = {"final_heldout_arith": info.get("final_heldout_arith_accuracy")}
+    lin, sc = ladder / "data_lineage.json", run_dir / "scores.parquet"
+    if not lin.is_file() or not sc.is_file():
+        return {**out, "dip_pass": None, "dip_families": "", "capability_dips": ""}
+    summ = run_dir / "summary.csv"
+    v = check_planted_dip(pd.read_parquet(sc), pd.read_csv(summ) if summ.is_file() else None, lin)
+    fams = sorted({f for w in v["windows"] for f in w["dipped_and_recovered"]})
+    bad = sorted({f for w in v["windows"] for f in w["capability_dipped"]}
+                 | ({"heldout_bpb"} if any(w["bpb_dipped"] for w in v["windows"]) else set()))
+    return {**out, "dip_pass": bool(v["pass"]), "dip_families": " ".join(fams), "capability_dips": " ".join(bad)}
 
 
 def _seed_worker(args):
@@ -287,8 +318,12 @@ def validate(seeds: list[int], out: Path, *, config: Path = ROOT / "recipes" / "
             _keep(*validate_seed(s, out, config=Path(config), truth_seeds=truth_seeds, tiny=tiny, log=log))
     df = pd.DataFrame(rows)
     tdf = pd.DataFrame(sorted(ties, key=lambda t: (seeds.index(t["seed"]), t["tie"])))
+    tv = [out / f"seed{s}" / "truth_values.csv" for s in seeds]
+    if all(p.is_file() for p in tv):
+        atomic_write_csv(out / "truth_values.csv", pd.concat([pd.read_csv(p) for p in tv], ignore_index=True))
     counted = tdf[tdf["truth_is_tie"]]
     totals = {"seeds": seeds, "agree": int(df["agree"].sum()), "agree_strict": int(df["agree_strict"].sum()),
+              "dip_pass": int(df["dip_pass"].fillna(False).astype(bool).sum()),
               "n": len(df), "jobs": jobs,
               "false_clear_winners": int(counted["false_clear_winner"].sum()), "ties_counted": len(counted),
               "mean_kendall_tau": float(df["kendall_tau"].mean()), "seconds": round(time.perf_counter() - t0, 1),

@@ -50,6 +50,12 @@ def test_validity_smoke_one_seed(tmp_path, monkeypatch):
     # the truth trained every checkpoint under 2 SFT seeds at the confirmation recipe
     truth = pd.read_csv(out / "seed0" / "truth" / "transfer.csv")
     assert sorted(truth["base"].unique()) == names and sorted(truth["seed"].unique()) == [0, 1]
+    tv = pd.read_csv(out / "truth_values.csv")
+    assert sorted(tv["checkpoint"]) == names and tv["pick"].sum() == 1
+    assert tv.loc[tv["pick"], "checkpoint"].item() == row["pick"]
+    assert tv["truth_value"].max() == pytest.approx(tv.loc[tv["checkpoint"] == row["truth_best"], "truth_value"].item())
+    # the planted-dip verdict on the pipeline's own scores is reported (a 24-step ladder need not dip)
+    assert isinstance(row["dip_pass"], (bool, np.bool_)) and 0 <= row["final_heldout_arith"] <= 1
     assert set(ties["tie"]) == {"twin", "same_mode"}
     twin = ties[ties["tie"] == "twin"].iloc[0]
     # a byte copy trained under the same seeds and data gives identical numbers: never a winner
