@@ -133,3 +133,68 @@ def test_averaging_reduction_only_for_a_raw_dip():
     avg = raw[raw["step"] >= 1000].assign(checkpoint=lambda d: "avg5-" + d["checkpoint"])
     m = averaging_dip(raw, avg, WINDOWS, window_size=5)
     assert not m["dipped_raw"].item() and np.isnan(m["reduction"].item())
+
+
+# ---------------------------------------------------------------------------
+# A real (small) planted ladder: 400 steps with a parrot window over steps 201-300
+# ---------------------------------------------------------------------------
+
+
+
+@pytest.fixture(scope="module")
+def small_planted_run(tmp_path_factory):
+    """A 400-step planted ladder (8 checkpoints, parrot window 201-300 with the built-in parrot
+    and recovery mixes), scored with tmpl_mismatch and relation_plain (24 items, 2 seeds) and
+    held-out bits per byte. About a minute on 2 CPU cores."""
+    from pathlib import Path
+
+    from probeselect.probes import load_spec
+    from probeselect.score import score_checkpoints
+    from probeselect.toy.curriculum import PARROT_MIXTURE, RECOVERY_MIXTURE
+    from probeselect.toy.ladder import build_toy_ladder
+
+    root = Path(__file__).resolve().parents[2]
+    cur = {"windows": [
+        {"name": "base", "start_step": 0, "end_step": 200, "mixture": "default", "planted": None},
+        {"name": "parrot", "start_step": 200, "end_step": 300, "mixture": PARROT_MIXTURE, "planted": "parrot"},
+        {"name": "recovery", "start_step": 300, "end_step": 400, "mixture": RECOVERY_MIXTURE, "planted": None}]}
+    tmp = tmp_path_factory.mktemp("small_planted")
+    build_toy_ladder(tmp / "ladder", seed=0, steps=400, save_every=50, curriculum=cur, progress=False, num_threads=1)
+    import dataclasses
+    specs = [dataclasses.replace(s, n_items=24) for s in
+             (load_spec(root / "probes" / "tmpl_mismatch.yaml"), load_spec(root / "probes" / "capability" / "relation_plain.yaml"))]
+    res = score_checkpoints(tmp / "ladder", specs, seeds=[0, 1], out=tmp / "score", device="cpu",
+                            heldout=tmp / "ladder" / "data" / "heldout.txt", audit_items=0, progress=False)
+    return tmp, res
+
+
+def test_small_planted_ladder_dips_in_the_parrot_window_only_on_the_conflict_probe(small_planted_run):
+    """The planted parrot window pulls tmpl_mismatch (its shortcut: the copied attribute) down by
+    more than 3x the evaluation-seed sd on >= 2 consecutive checkpoints, while plain relation
+    knowledge and held-out bits per byte keep improving: shortcut preference, not lost capability.
+    (This 400-step ladder is too short to recover; the full ladder's recovery is in bench/README.md.)"""
+    from probeselect.toy.dip import check_planted_dip
+
+    tmp, res = small_planted_run
+    v = check_planted_dip(res.scores, res.summary, tmp / "ladder" / "data_lineage.json",
+                          conflict_families=["tmpl_mismatch"], min_families=1, min_recovery=0.0)
+    (w,) = v["windows"]
+    assert w["window"] == "parrot"
+    assert w["dipped_and_recovered"] == ["tmpl_mismatch"], v["dips"]
+    assert w["capability_dipped"] == [] and not w["bpb_dipped"], v["dips"]
+    d = v["dips"].set_index("family")
+    assert d.loc["tmpl_mismatch", "depth"] > 1.0 and d.loc["tmpl_mismatch", "longest_below_run"] >= 2
+    assert d.loc["tmpl_mismatch", "ref_step"] == 200 and 200 < d.loc["tmpl_mismatch", "min_step"] <= 350
+
+
+def test_small_planted_ladder_attribution_names_the_parrot_window(small_planted_run):
+    from probeselect.attribution import write_attribution
+    from probeselect.dynamics import compute_dynamics
+
+    tmp, _ = small_planted_run
+    compute_dynamics(tmp / "score", plots=False)
+    att = write_attribution(tmp / "score", tmp / "ladder" / "data_lineage.json")
+    fam = att["families"]
+    worst = fam[(fam["family"] == "tmpl_mismatch") & fam["most_harmful"]]
+    assert list(worst["window"]) == ["parrot"], fam
+    assert float(worst["mean_change_z"].iloc[0]) < -3
