@@ -167,16 +167,42 @@ def test_termination_detects_eos_and_newline(model_tok, cfg):
     assert summarize_transfer(df).set_index("metric").loc["termination", "value"] == 0.0
 
 
+class _ScriptedModel(_ForcedTokenModel):
+    """Wraps a causal LM and makes ``script[k]`` the argmax of generated token k, then ``end``."""
+
+    def __init__(self, inner, script: list[int], end: int):
+        super().__init__(inner, end, after=0)
+        self.script = script
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, use_cache=None,
+                logits_to_keep=0):
+        out = super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                              cache=cache, use_cache=use_cache, logits_to_keep=logits_to_keep)
+        k = self.calls if input_ids.shape[1] == 1 else 0
+        if k < len(self.script):
+            out.logits[..., self.script[k]] = 2e4
+        return out
+
+
 def test_task_accuracy_counts_exact_matches(model_tok, cfg, tmp_path):
-    """A suite whose references are the model's own greedy answers scores accuracy 1."""
+    """A suite whose references are the model's own greedy answers scores accuracy 1, and 0 when the
+    references are something else. (The tiny test ladder answers with an empty line, so the model's
+    answer is scripted: a real answer word, then a newline.)"""
     model, tok = model_tok
     tasks = load_transfer_items(cfg).tasks[:6]
-    gens = greedy_decode(model, tok, [t["prompt"] for t in tasks], max_new_tokens=6)
-    rows = [{**t, "response": " " + g.text.strip() + "."} for t, g in zip(tasks, gens) if g.text.strip()]
-    assert rows
+    word = tasks[0]["response"].strip().rstrip(".").split()[-1]
+    nl = tok.convert_tokens_to_ids(tok.tokenize("\n"))[0]
+    scripted = _ScriptedModel(model, tok.encode(" " + word, add_special_tokens=False), end=nl)
+    gens = greedy_decode(scripted, tok, [t["prompt"] for t in tasks], max_new_tokens=6)
+    assert all(g.text.strip() == word and g.stop == "newline" for g in gens)
+    rows = [{**t, "response": " " + g.text.strip() + "."} for t, g in zip(tasks, gens)]
     path = _write_jsonl(tmp_path / "own.jsonl", rows)
-    df = evaluate_transfer(model, tok, {"tasks": str(path), "max_new_tokens": 6}, device="cpu")
-    assert (df.loc[df.metric == "task_accuracy", "value"] == 1.0).all()
+    df = evaluate_transfer(scripted, tok, {"tasks": str(path), "max_new_tokens": 6}, device="cpu")
+    acc = df.loc[df.metric == "task_accuracy", "value"]
+    assert len(acc) == len(rows) and (acc == 1.0).all()
+    other = _write_jsonl(tmp_path / "other.jsonl", [{**t, "response": " " + word + "x."} for t in tasks])
+    df = evaluate_transfer(scripted, tok, {"tasks": str(other), "max_new_tokens": 6}, device="cpu")
+    assert (df.loc[df.metric == "task_accuracy", "value"] == 0.0).all()
 
 
 def test_peft_model_matches_merged_model(model_tok, cfg):
