@@ -1,21 +1,25 @@
 """Generation-based measurements: sampled consistency and a greedy generative audit.
 
 Sampling (:func:`sample_generations`) prefills each prompt once, batched across prompts
-with left padding, then expands the KV cache to ``n`` rows per prompt and decodes with a
-custom ancestral-sampling loop (full softmax at ``temperature``, no top-k/top-p). A sample
-stops at the first generated token whose decoded text contains a newline (the text before
-the newline is kept) or at an end-of-sequence token; finished rows are dropped from the
-batch as they accumulate. The decode batch is capped by a KV-memory budget (``max_rows``);
-larger expansions decode in chunks, each copying rows of the one prefill cache.
-``temperature=0`` is greedy (argmax) decoding.
+with left padding, then decodes the ``n`` sample rows of those prompts in one batch with a
+custom ancestral-sampling loop (full softmax at ``temperature``, no top-k/top-p). The
+default engine (``"shared"``, :mod:`probeselect._shared_kv`) keeps one copy of each
+prompt's prefill keys/values for all its rows and a preallocated buffer for each row's
+generated keys/values; ``engine="expand"`` copies the prompt's cache into every row and
+grows it each step, as HF ``generate`` does. A sample stops at the first generated token
+whose decoded text contains a newline (the text before the newline is kept) or at an
+end-of-sequence token; finished rows are dropped from the batch as they accumulate. The
+decode batch is capped by a memory budget or ``max_rows``; larger batches decode in
+chunks of rows that all read the one prefill. ``temperature=0`` is greedy (argmax) decoding.
 
 Reproducibility: sample ``j`` of prompt ``i`` at step ``t`` draws the uniform number
 ``U_i[t, j]`` from a ``torch.Generator`` (on the CPU) seeded from ``(seed, i)`` (or from an
 explicit per-prompt seed) and picks the token by inverse-CDF sampling. The random numbers
 therefore do not depend on batch composition, on the order of prompts, on which rows
-already finished or on how rows are chunked; the same seed gives the same samples on the
-same checkpoint and device (up to floating-point differences between batch shapes, which
-can flip a token only at a near-tie of the cumulative distribution).
+already finished, on how rows are chunked or on the engine; the same seed gives the same
+samples on the same checkpoint and device (up to floating-point differences between batch
+shapes and engines, which can flip a token only at a near-tie of the cumulative
+distribution).
 
 Classification (:func:`classify_generation`) compares normalized text with an item's task
 answer, shortcut answer(s) and distractor candidates. Tables:
