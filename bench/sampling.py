@@ -1,17 +1,24 @@
 """Sampling benchmark: probeselect's sample_generations vs HF generate(do_sample=True).
 
 Run: python bench/sampling.py [--model toy|58m|both] [--ladder DIR] [--prompts 16] [--n 200] [--max-new-tokens 16]
+                              [--engine shared|expand] [--no-hf] [--no-check] [--persona-items K]
 
 Same prompts (shipped persona_qa items, evaluation seed 0), same number of samples per
 prompt and the same limit on new tokens, same stop rule (a newline or EOS ends a sample:
 HF gets ``stop_strings=["\\n"]``), temperature 1, full softmax (HF: top_k=0, top_p=1).
 HF runs ``generate(do_sample=True, num_return_sequences=N)`` on the left-padded batch of
 all prompts; probeselect runs :func:`probeselect.generation.sample_generations` with its
-defaults. Models: ``toy`` is the last checkpoint of a toy ladder (``--ladder``;
-``probeselect toy-ladder DIR`` builds one), ``58m`` the randomly initialised 58M-parameter
-Llama of bench/scoring.py with that script's tokenizer trained on the prompts. Each side
-runs once after a small warm-up, alternating; prints samples/s, the ratio, mean new
-tokens per sample, peak RSS and the load average.
+defaults and ``engine=--engine`` (default ``shared``). Unless ``--no-check``, the other
+engine runs too, timed, and the script counts the samples that are identical between the
+two engines (same text, stop and length). ``--persona-items K`` also times
+:func:`probeselect.generation.persona_generation_table` on the first K persona_qa items
+(all three variants, evaluation seed 0) with ``--n`` samples each (toy model only).
+Models: ``toy`` is the last checkpoint of a toy ladder (``--ladder``; ``probeselect
+toy-ladder DIR`` builds one), ``58m`` the randomly initialised 58M-parameter Llama of
+bench/scoring.py with that script's tokenizer trained on the prompts. Each side runs once
+after a small warm-up, probeselect first; prints samples/s, the ratio, mean new tokens per
+sample, peak RSS and the load average. Torch uses its default thread count unless
+``--threads`` is given.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from scoring import build_model, make_tokenizer  # noqa: E402
 
-from probeselect.generation import sample_generations  # noqa: E402
+from probeselect.generation import persona_generation_table, sample_generations  # noqa: E402
 from probeselect.probes import generate_items, load_spec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +48,6 @@ def hf_generate(model, tok, prompts, n, max_new_tokens):
                          temperature=1.0, top_k=0, top_p=1.0, stop_strings=["\n"], tokenizer=tok,
                          pad_token_id=tok.pad_token_id)
     new = out[:, enc["input_ids"].shape[1]:]
-    stop = {tok.pad_token_id, *([tok.eos_token_id] if tok.eos_token_id is not None else [])}
     # new tokens per sample: up to and including the stop token (padding after it is not generated)
     lengths = []
     for row in new.tolist():
@@ -49,31 +55,56 @@ def hf_generate(model, tok, prompts, n, max_new_tokens):
         while k and row[k - 1] == tok.pad_token_id:
             k -= 1
         lengths.append(k)
-    del stop
     return sum(lengths) / len(lengths)
 
 
+def _timed(f):
+    t0 = time.perf_counter()
+    out = f()
+    return out, time.perf_counter() - t0
+
+
 def run(name, model, tok, prompts, args):
-    kw = dict(n=args.n, max_new_tokens=args.max_new_tokens)
+    kw = dict(n=args.n, max_new_tokens=args.max_new_tokens, seed=0)
+    other = "expand" if args.engine == "shared" else "shared"
     torch.manual_seed(0)
-    sample_generations(model, tok, prompts[:2], n=4, max_new_tokens=4)  # warm-up
-    hf_generate(model, tok, prompts[:2], 4, 4)
-    t0 = time.perf_counter()
-    gens = sample_generations(model, tok, prompts, seed=0, **kw)
-    t_ours = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    hf_new = hf_generate(model, tok, prompts, args.n, args.max_new_tokens)
-    t_hf = time.perf_counter() - t0
+    for eng in (args.engine, other):  # warm-up
+        sample_generations(model, tok, prompts[:2], n=4, max_new_tokens=4, engine=eng)
+    if not args.no_hf:
+        hf_generate(model, tok, prompts[:2], 4, 4)
     total = len(prompts) * args.n
-    ours_new = sum(g.n_new_tokens for gs in gens for g in gs) / total
     n_params = sum(p.numel() for p in model.parameters())
     print(f"[{name}] params={n_params/1e6:.2f}M prompts={len(prompts)} n={args.n} max_new_tokens={args.max_new_tokens} "
           f"mean prompt {sum(len(tok.encode(p)) for p in prompts)/len(prompts):.0f} tokens "
-          f"threads={torch.get_num_threads()}")
-    print(f"  probeselect : {total/t_ours:8.1f} samples/s ({t_ours:.2f} s; {ours_new:.2f} new tokens/sample)")
-    print(f"  HF generate : {total/t_hf:8.1f} samples/s ({t_hf:.2f} s; {hf_new:.2f} new tokens/sample, "
-          f"padding after a row's stop excluded)")
-    print(f"  ratio       : {t_hf/t_ours:.2f}x")
+          f"threads={torch.get_num_threads()}", flush=True)
+    gens, t_ours = _timed(lambda: sample_generations(model, tok, prompts, engine=args.engine, **kw))
+    ours_new = sum(g.n_new_tokens for gs in gens for g in gs) / total
+    print(f"  probeselect ({args.engine}) : {total/t_ours:8.1f} samples/s ({t_ours:.2f} s; "
+          f"{ours_new:.2f} new tokens/sample)", flush=True)
+    if not args.no_check:
+        ref, t_other = _timed(lambda: sample_generations(model, tok, prompts, engine=other, **kw))
+        same = sum(a == b and a.stop == b.stop for xs, ys in zip(gens, ref) for a, b in zip(xs, ys))
+        print(f"  probeselect ({other}) : {total/t_other:8.1f} samples/s ({t_other:.2f} s); "
+              f"{args.engine}/{other} = {t_other/t_ours:.2f}x; identical samples {same}/{total}", flush=True)
+    if not args.no_hf:
+        hf_new, t_hf = _timed(lambda: hf_generate(model, tok, prompts, args.n, args.max_new_tokens))
+        print(f"  HF generate : {total/t_hf:8.1f} samples/s ({t_hf:.2f} s; {hf_new:.2f} new tokens/sample, "
+              f"padding after a row's stop excluded)")
+        print(f"  ratio       : {t_hf/t_ours:.2f}x", flush=True)
+
+
+def run_persona(model, tok, args):
+    items = generate_items(load_spec(ROOT / "probes" / "persona_qa.yaml"), [0])
+    by_variant: dict[str, list] = {}
+    for it in items:
+        by_variant.setdefault(it.variant, []).append(it)
+    chosen = [it for its in by_variant.values() for it in its[: args.persona_items]]
+    df, dt = _timed(lambda: persona_generation_table(model, tok, chosen, n=args.n,
+                                                     max_new_tokens=args.max_new_tokens, seed=0))
+    total = int(df["n_samples"].sum())
+    print(f"  persona_generation_table ({len(chosen)} items = {args.persona_items} x {len(by_variant)} variants, "
+          f"n={args.n}, default engine): {total/dt:8.1f} samples/s ({dt:.2f} s); "
+          f"task rate {df['n_task'].sum()/total:.3f}", flush=True)
 
 
 def main() -> None:
@@ -85,7 +116,17 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--prompts-58m", type=int, default=4)
     ap.add_argument("--n-58m", type=int, default=32)
+    ap.add_argument("--engine", default="shared", choices=["shared", "expand"],
+                    help="probeselect's decode engine to time against HF (default shared)")
+    ap.add_argument("--no-hf", action="store_true", help="skip HF generate")
+    ap.add_argument("--no-check", action="store_true",
+                    help="skip the other engine (its timing and the identical-sample count)")
+    ap.add_argument("--persona-items", type=int, default=0, metavar="K",
+                    help="also time persona_generation_table on K items per variant (toy model)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's default)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     items = generate_items(load_spec(ROOT / "probes" / "persona_qa.yaml"), [0])
     prompts = [it.prompt for it in items]
@@ -94,8 +135,10 @@ def main() -> None:
         from probeselect.score import load_model, load_tokenizer
 
         ck = discover_checkpoints(args.ladder)[-1]
-        run(f"toy {ck.name}", load_model(ck.path, torch.float32, torch.device("cpu")), load_tokenizer(ck.path),
-            prompts[: args.prompts], args)
+        model, tok = load_model(ck.path, torch.float32, torch.device("cpu")), load_tokenizer(ck.path)
+        run(f"toy {ck.name}", model, tok, prompts[: args.prompts], args)
+        if args.persona_items:
+            run_persona(model, tok, args)
     if args.model in ("58m", "both"):
         tok = make_tokenizer([p + " I live in Oslo." for p in prompts])
 

@@ -418,3 +418,157 @@ def test_sampling_progress_bar_and_object(random_model, tok):
     assert bar.n == 3 and bar.postfix.endswith("samples/s")  # one update per prompt
     assert sample_generations(random_model, tok, PROMPTS[:3], n=5, max_new_tokens=3, batch_prompts=2,
                               progress=True) == out  # own tqdm bar (samples/s, ETA); same samples
+
+
+# ---------------------------------------------------------------------------
+# decode engines: shared prompt KV vs expanded per-row caches
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("which", ["ladder", "random"])
+@pytest.mark.parametrize("kw", [{}, {"max_rows": 37, "compact_fraction": 0.05}, {"batch_prompts": 2}])
+def test_shared_engine_gives_identical_samples(which, kw, ckpt, random_model):
+    """Same pre-drawn uniforms, same attention up to rounding: the same sample, sample for
+    sample, across prompts of different lengths (left padding) and rows that finish early."""
+    model, tok = (ckpt if which == "ladder" else (random_model, ckpt[1]))
+    args = dict(n=40, max_new_tokens=10, seed=5, **kw)
+    shared = sample_generations(model, tok, PROMPTS, engine="shared", **args)
+    expand = sample_generations(model, tok, PROMPTS, engine="expand", **args)
+    assert [[(g.text, g.stop, g.n_new_tokens) for g in gs] for gs in shared] == \
+        [[(g.text, g.stop, g.n_new_tokens) for g in gs] for gs in expand]
+    lengths = {g.n_new_tokens for gs in shared for g in gs}
+    assert len(lengths) > 2  # rows finish at different steps: compaction is exercised
+    assert len({len(tok.encode(p)) for p in PROMPTS}) == len(PROMPTS)
+
+
+def _prefill(model, tok, prompts):
+    from probeselect.generation import _new_cache
+
+    enc = [tok.encode(p) for p in prompts]
+    width = max(map(len, enc))
+    ids = torch.full((len(enc), width), tok.pad_token_id)
+    mask = torch.zeros((len(enc), width), dtype=torch.long)
+    for r, e in enumerate(enc):
+        ids[r, width - len(e):] = torch.tensor(e)
+        mask[r, width - len(e):] = 1
+    cache = _new_cache(model)
+    with torch.inference_mode():
+        out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                    use_cache=True, cache=cache)
+    return cache, mask, out.logits[:, -1]
+
+
+def test_shared_engine_logits_match_expand(random_model, tok):
+    """A few decode steps through both engines (GQA: 4 heads, 2 KV heads) give logits within 1e-4."""
+    import copy
+
+    from probeselect._shared_kv import SharedKVCache, shared_kv_attention_enabled
+    from probeselect.generation import _ExpandDecoder, _SharedDecoder
+
+    model = random_model
+    cache, mask, _ = _prefill(model, tok, PROMPTS[:3])
+    rows = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2])
+    e_cache = copy.deepcopy(cache)
+    e_cache.batch_select_indices(rows)
+    expand = _ExpandDecoder(model, e_cache, "cache", mask[rows])
+    shared_cache = SharedKVCache.from_prefill(cache, mask, rows, max_new=4)
+    shared = _SharedDecoder(model, shared_cache)
+    pos = mask.sum(-1)[rows]
+    g = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for step in range(4):
+            nxt = torch.randint(3, len(tok), (len(rows),), generator=g)
+            a = expand.step(nxt, pos)
+            with shared_kv_attention_enabled(model):
+                b = shared.step(nxt, pos)
+            torch.testing.assert_close(b, a, rtol=0, atol=1e-4)
+            pos = pos + 1
+            if step == 1:  # drop rows, leaving prompts with 1, 2 and 2 rows (not a dense layout)
+                keep = torch.tensor([0, 4, 5, 7])
+                expand.select(keep)
+                shared.select(keep)
+                rows, pos = rows[keep], pos[keep]
+    assert model.config._attn_implementation != "probeselect_shared_kv"  # restored
+
+
+def test_shared_kv_attend_causal_block_and_gqa():
+    """Several new tokens at once: each query sees the prompt's unpadded prefix and the
+    generated tokens up to its own (compared with a plain softmax over the concatenation)."""
+    from probeselect._shared_kv import SharedKVCache
+
+    torch.manual_seed(0)
+    P, KV, G, W, D, Q = 2, 2, 3, 5, 4, 3
+    pk, pv = torch.randn(P, KV, W, D), torch.randn(P, KV, W, D)
+    valid = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    rows = torch.tensor([0, 1, 1])
+    cache = SharedKVCache([pk], [pv], valid, rows, max_new=5)
+    steps = [(torch.randn(3, KV * G, 2, D), torch.randn(3, KV, 2, D), torch.randn(3, KV, 2, D)),
+             (torch.randn(3, KV * G, Q, D), torch.randn(3, KV, Q, D), torch.randn(3, KV, Q, D))]
+    gk, gv = torch.empty(3, KV, 0, D), torch.empty(3, KV, 0, D)
+    for q, k, v in steps:
+        out = cache.attend(0, q, k, v, scaling=0.5)  # [rows, q, heads, D]
+        t0 = gk.shape[2]
+        gk, gv = torch.cat([gk, k], 2), torch.cat([gv, v], 2)
+        for r, p in enumerate(rows.tolist()):
+            keys = torch.cat([pk[p][:, valid[p]], gk[r]], 1).repeat_interleave(G, 0)  # [heads, keys, D]
+            vals = torch.cat([pv[p][:, valid[p]], gv[r]], 1).repeat_interleave(G, 0)
+            n_pre = int(valid[p].sum())
+            for i in range(q.shape[2]):
+                n_keys = n_pre + t0 + i + 1
+                w = torch.softmax((keys[:, :n_keys] * q[r, :, i, None]).sum(-1) * 0.5, -1)  # [heads, keys]
+                ref = (w.unsqueeze(-1) * vals[:, :n_keys]).sum(1)
+                torch.testing.assert_close(out[r, i], ref, rtol=1e-5, atol=1e-5)
+
+
+def test_unsupported_architecture_falls_back_with_warning(tok):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=2, n_positions=256,
+                     bos_token_id=0, eos_token_id=1, pad_token_id=2)
+    model = GPT2LMHeadModel(cfg).eval()
+    with pytest.warns(RuntimeWarning, match="falling back to engine='expand'"):
+        got = sample_generations(model, tok, PROMPTS[:2], n=6, max_new_tokens=4, seed=1)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ref = sample_generations(model, tok, PROMPTS[:2], n=6, max_new_tokens=4, seed=1, engine="expand")
+    assert got == ref
+    with pytest.raises(ValueError, match="engine"):
+        sample_generations(model, tok, PROMPTS[:1], n=2, engine="paged")
+
+
+@pytest.mark.parametrize("engine", ["shared", "expand"])
+def test_decode_rows_bounded(random_model, tok, engine, monkeypatch):
+    """max_rows caps every decode batch; without it a memory budget does (here a tiny one)."""
+    import probeselect.generation as gen
+
+    calls = []
+    h = random_model.register_forward_pre_hook(lambda m, a, kw: calls.append(tuple(kw["input_ids"].shape)),
+                                               with_kwargs=True)
+    try:
+        ref = sample_generations(random_model, tok, PROMPTS[:3], n=30, max_new_tokens=4, engine=engine)
+        calls.clear()
+        got = sample_generations(random_model, tok, PROMPTS[:3], n=30, max_new_tokens=4, engine=engine,
+                                 max_rows=16)
+        assert max(c[0] for c in calls if c[1] == 1) == 16 and got == ref
+        calls.clear()
+        monkeypatch.setattr(gen, "_row_budget", lambda model, device: 1.0)  # one row at a time
+        got = sample_generations(random_model, tok, PROMPTS[:3], n=5, max_new_tokens=3, engine=engine)
+        assert {c[0] for c in calls if c[1] == 1} == {1}
+        monkeypatch.undo()
+        assert got == sample_generations(random_model, tok, PROMPTS[:3], n=5, max_new_tokens=3, engine=engine)
+    finally:
+        h.remove()
+    with pytest.raises(ValueError, match="max_rows"):
+        sample_generations(random_model, tok, PROMPTS[:1], n=2, max_rows=0)
+
+
+def test_sampling_progress_off(random_model, tok, capsys):
+    for progress in (False, None):
+        sample_generations(random_model, tok, PROMPTS[:2], n=5, max_new_tokens=3, progress=progress)
+        captured = capsys.readouterr()
+        assert captured.err == "" and captured.out == ""
+    sample_generations(random_model, tok, PROMPTS[:2], n=5, max_new_tokens=3, progress=True)
+    assert "sampling" in capsys.readouterr().err  # the bar itself does write (to stderr)

@@ -1,21 +1,25 @@
 """Generation-based measurements: sampled consistency and a greedy generative audit.
 
 Sampling (:func:`sample_generations`) prefills each prompt once, batched across prompts
-with left padding, then expands the KV cache to ``n`` rows per prompt and decodes with a
-custom ancestral-sampling loop (full softmax at ``temperature``, no top-k/top-p). A sample
-stops at the first generated token whose decoded text contains a newline (the text before
-the newline is kept) or at an end-of-sequence token; finished rows are dropped from the
-batch as they accumulate. The decode batch is capped by a KV-memory budget (``max_rows``);
-larger expansions decode in chunks, each copying rows of the one prefill cache.
-``temperature=0`` is greedy (argmax) decoding.
+with left padding, then decodes the ``n`` sample rows of those prompts in one batch with a
+custom ancestral-sampling loop (full softmax at ``temperature``, no top-k/top-p). The
+default engine (``"shared"``, :mod:`probeselect._shared_kv`) keeps one copy of each
+prompt's prefill keys/values for all its rows and a preallocated buffer for each row's
+generated keys/values; ``engine="expand"`` copies the prompt's cache into every row and
+grows it each step, as HF ``generate`` does. A sample stops at the first generated token
+whose decoded text contains a newline (the text before the newline is kept) or at an
+end-of-sequence token; finished rows are dropped from the batch as they accumulate. The
+decode batch is capped by a memory budget or ``max_rows``; larger batches decode in
+chunks of rows that all read the one prefill. ``temperature=0`` is greedy (argmax) decoding.
 
 Reproducibility: sample ``j`` of prompt ``i`` at step ``t`` draws the uniform number
 ``U_i[t, j]`` from a ``torch.Generator`` (on the CPU) seeded from ``(seed, i)`` (or from an
 explicit per-prompt seed) and picks the token by inverse-CDF sampling. The random numbers
 therefore do not depend on batch composition, on the order of prompts, on which rows
-already finished or on how rows are chunked; the same seed gives the same samples on the
-same checkpoint and device (up to floating-point differences between batch shapes, which
-can flip a token only at a near-tie of the cumulative distribution).
+already finished, on how rows are chunked or on the engine; the same seed gives the same
+samples on the same checkpoint and device (up to floating-point differences between batch
+shapes and engines, which can flip a token only at a near-tie of the cumulative
+distribution).
 
 Classification (:func:`classify_generation`) compares normalized text with an item's task
 answer, shortcut answer(s) and distractor candidates. Tables:
@@ -33,6 +37,7 @@ import math
 import re
 import string
 import time
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from statistics import NormalDist
@@ -41,6 +46,7 @@ from typing import Any, Iterable, Sequence
 import pandas as pd
 import torch
 
+from ._shared_kv import SharedKVCache, shared_kv_attention_enabled, unsupported_reason
 from .probes import ProbeItem
 
 __all__ = [
@@ -156,24 +162,40 @@ def _cache_bytes(cache) -> int | None:
         return None
 
 
-def _auto_max_rows(model, cache, n_prompts: int, width: int, max_new_tokens: int, device) -> int | None:
-    """Decode-batch rows whose expanded KV cache fits a budget.
+def _row_budget(model, device) -> float:
+    """Bytes of decode state the batch may use: on the CPU 256 MiB or twice the weights,
+    whichever is larger (moderate batches are much faster than huge ones there); on CUDA
+    30% of the free memory."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return 0.3 * free
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    return max(256 * _MiB, 2 * weights)
 
-    On the CPU, moderate batches are much faster than huge ones (cache locality and
-    allocation of the per-step concatenated cache): the budget is 256 MiB or twice the
-    weights, whichever is larger. On CUDA it is 30% of the free memory.
-    """
+
+def _auto_max_rows(model, cache, n_prompts: int, width: int, max_new_tokens: int, device) -> int | None:
+    """Decode-batch rows whose expanded KV cache (prompt + new tokens per row) fits the budget."""
     total = _cache_bytes(cache)
     if not total:
         return None
     per_row = total / n_prompts * (width + max_new_tokens) / width
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        budget = 0.3 * free
-    else:
-        weights = sum(p.numel() * p.element_size() for p in model.parameters())
-        budget = max(256 * _MiB, 2 * weights)
-    return max(1, int(budget // per_row))
+    return max(1, int(_row_budget(model, device) // per_row))
+
+
+def _auto_max_rows_shared(model, cache, n_prompts: int, width: int, max_new_tokens: int, vocab: int,
+                          device) -> int | None:
+    """Decode-batch rows of the shared-KV engine that fit the budget.
+
+    A row holds its own generated K/V (``max_new_tokens`` positions; the prompt's K/V is
+    shared), one layer's attention scores over the prompt (kept in float32) and a few
+    float32 copies of its next-token distribution.
+    """
+    total = _cache_bytes(cache)
+    if not total:
+        return None
+    heads = getattr(model.config, "num_attention_heads", None) or 1
+    per_row = total / n_prompts * max_new_tokens / width + 4 * (3 * heads * width + 4 * vocab)
+    return max(1, int(_row_budget(model, device) // per_row))
 
 
 def _pick(logits: torch.Tensor, u: torch.Tensor | None, temperature: float) -> torch.Tensor:
@@ -198,16 +220,53 @@ def _finish(tokenizer, toks: list[int], reason: str | None) -> Generation:
     return Generation(text=text, terminated=reason is not None, n_new_tokens=len(toks), stop=reason)
 
 
-def _decode_rows(model, cache, cache_kw, logits0, mask0, pos0, row_prompt, row_sample, uniforms, *,
+class _ExpandDecoder:
+    """Decode steps over a per-row (expanded) HF cache with a growing 2-D attention mask."""
+
+    def __init__(self, model, cache, cache_kw: str, attn: torch.Tensor):
+        self.model, self.cache, self.cache_kw, self.attn = model, cache, cache_kw, attn
+
+    def select(self, keep: torch.Tensor) -> None:
+        self.cache.batch_select_indices(keep)
+        self.attn = self.attn[keep]
+
+    def step(self, nxt: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        self.attn = torch.cat([self.attn, self.attn.new_ones((self.attn.shape[0], 1))], dim=1)
+        out = self.model(input_ids=nxt.unsqueeze(-1), attention_mask=self.attn, position_ids=pos.unsqueeze(-1),
+                         use_cache=True, **{self.cache_kw: self.cache})
+        return out.logits[:, -1, :]
+
+
+class _SharedDecoder:
+    """Decode steps through a :class:`~probeselect._shared_kv.SharedKVCache` (one copy of
+    each prompt's K/V; call inside ``shared_kv_attention_enabled(model)``)."""
+
+    def __init__(self, model, shared):
+        self.model, self.shared = model, shared
+
+    def select(self, keep: torch.Tensor) -> None:
+        self.shared.select_rows(keep)
+
+    def step(self, nxt: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        out = self.model(input_ids=nxt.unsqueeze(-1), position_ids=pos.unsqueeze(-1), use_cache=False,
+                         shared_kv=self.shared)
+        return out.logits[:, -1, :]
+
+
+_REASONS = (None, "eos", "newline")
+
+
+def _decode_rows(decoder, logits0, pos0, row_prompt, row_sample, uniforms, *,
                  temperature, max_new_tokens, stop_mask, eos, compact_fraction):
-    """Decode rows whose cache/prefill state is given; returns per-row (tokens, reason)."""
+    """Decode the rows of one chunk (first logits from the prefill); per-row (tokens, reason)."""
     device = logits0.device
     n_rows = len(row_prompt)
-    toks: list[list[int]] = [[] for _ in range(n_rows)]
-    reason: list[str | None] = [None] * n_rows
+    toks = torch.zeros((n_rows, max_new_tokens), dtype=torch.long)
+    n_toks = torch.zeros(n_rows, dtype=torch.long)
+    code = torch.zeros(n_rows, dtype=torch.long)  # index into _REASONS
     live = torch.arange(n_rows)  # chunk row id of each current batch row
     done_present = torch.zeros(n_rows, dtype=torch.bool)  # finished rows still in the batch
-    logits, attn, pos = logits0, mask0, pos0
+    logits, pos = logits0, pos0
     rp, rs = row_prompt, row_sample
     eos_t = torch.tensor(sorted(eos), dtype=torch.long, device=device) if eos else None
     for t in range(max_new_tokens):
@@ -215,32 +274,30 @@ def _decode_rows(model, cache, cache_kw, logits0, mask0, pos0, row_prompt, row_s
         nxt = _pick(logits, u, temperature)
         is_nl = stop_mask[nxt]
         is_eos = torch.isin(nxt, eos_t) if eos_t is not None else torch.zeros_like(is_nl)
-        nxt_l, nl_l, eos_l, done_l = nxt.tolist(), is_nl.tolist(), is_eos.tolist(), done_present.tolist()
-        for b, r in enumerate(live.tolist()):
-            if done_l[b]:
-                continue
-            toks[r].append(nxt_l[b])
-            if eos_l[b]:
-                reason[r] = "eos"
-            elif nl_l[b]:
-                reason[r] = "newline"
-        done_present = done_present | is_nl.cpu() | is_eos.cpu()
+        nxt_c, nl_c, eos_c = nxt.cpu(), is_nl.cpu(), is_eos.cpu()
+        active = ~done_present
+        rows = live[active]
+        toks[rows, t] = nxt_c[active]
+        n_toks[rows] = t + 1
+        code[rows] = torch.where(eos_c, 1, torch.where(nl_c, 2, 0))[active]
+        done_present = done_present | nl_c | eos_c
         if t == max_new_tokens - 1 or bool(done_present.all()):
             break
         n_done = int(done_present.sum())
         if n_done and n_done >= compact_fraction * len(live):
             keep = (~done_present).nonzero().squeeze(-1)
             keep_d = keep.to(device)
-            cache.batch_select_indices(keep_d)
+            decoder.select(keep_d)
             live, rp, rs = live[keep], rp[keep], rs[keep]
-            nxt, attn, pos = nxt[keep_d], attn[keep_d], pos[keep_d]
+            nxt, pos = nxt[keep_d], pos[keep_d]
             done_present = done_present[keep]
-        attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
-        out = model(input_ids=nxt.unsqueeze(-1), attention_mask=attn, position_ids=pos.unsqueeze(-1),
-                    use_cache=True, **{cache_kw: cache})
-        logits = out.logits[:, -1, :]
+        logits = decoder.step(nxt, pos)
         pos = pos + 1
-    return toks, reason
+    return ([row[:k] for row, k in zip(toks.tolist(), n_toks.tolist())],
+            [_REASONS[c] for c in code.tolist()])
+
+
+ENGINES = ("shared", "expand")
 
 
 @torch.inference_mode()
@@ -257,17 +314,27 @@ def sample_generations(
     prompt_seeds: Sequence[int] | None = None,
     max_rows: int | None = None,
     compact_fraction: float = 0.25,
+    engine: str = "shared",
     progress=None,
 ) -> list[list[Generation]]:
     """``n`` sampled continuations of every prompt, each stopped at a newline or EOS.
 
     Prompts are encoded with the tokenizer's default special tokens (like the span
     scorer), sorted by length, and prefilled ``batch_prompts`` at a time (left padding,
-    explicit position ids); each prompt's cache is then expanded to its ``n`` rows, so a
-    prompt's tokens are processed once, not ``n`` times. ``max_rows`` caps the decode
-    batch (rows = prompts x samples): larger expansions decode in chunks that each copy
-    rows of the shared prefill cache. Rows are dropped from the batch once at least
-    ``compact_fraction`` of the current rows have finished.
+    explicit position ids), so a prompt's tokens are processed once, not ``n`` times; the
+    ``n`` sample rows of those prompts then decode in one batch. ``max_rows`` caps the
+    decode batch (rows = prompts x samples; default: a memory budget, see
+    :func:`_row_budget`): larger batches decode in chunks of rows that all read the one
+    prefill. Rows are dropped from the batch once at least ``compact_fraction`` of the
+    current rows have finished.
+
+    ``engine``: ``"shared"`` (default) keeps ONE copy of each prompt's prefill keys/values
+    and a preallocated buffer of every row's generated keys/values, and merges the two
+    attention parts exactly (:mod:`probeselect._shared_kv`); it supports llama, mistral,
+    qwen2 and qwen3 models and falls back to ``"expand"`` with a ``RuntimeWarning`` for
+    other architectures. ``"expand"`` copies each prompt's cache into its ``n`` rows and
+    grows it every step (what HF ``generate`` does). Both draw the same random numbers:
+    they give the same samples, up to floating-point near-ties (see the module docstring).
 
     ``temperature=0`` is greedy decoding (all ``n`` samples are identical). Sample ``j`` of
     prompt ``i`` is determined by ``(seed, i)`` — or by ``prompt_seeds[i]`` when given, so
@@ -283,6 +350,10 @@ def sample_generations(
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
     if prompt_seeds is not None and len(prompt_seeds) != len(prompts):
         raise ValueError("prompt_seeds must have one seed per prompt")
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if max_rows is not None and max_rows < 1:
+        raise ValueError(f"max_rows must be >= 1, got {max_rows}")
     if not prompts:
         return []
     device = next(model.parameters()).device
@@ -302,10 +373,17 @@ def sample_generations(
                 f"prompt {i} has {len(ids)} tokens; with max_new_tokens={max_new_tokens} it exceeds the "
                 f"model's {max_pos} positions"
             )
+    if engine == "shared":
+        why = unsupported_reason(model, max(map(len, encoded)) + max_new_tokens)
+        if why is not None:
+            warnings.warn(f"sample_generations: the shared-KV engine does not support this model ({why}); "
+                          "falling back to engine='expand'", RuntimeWarning, stacklevel=3)
+            engine = "expand"
     # greedy samples are all identical: decode one row per prompt and repeat it
     n_rows = 1 if temperature == 0 else n
     order = sorted(range(len(prompts)), key=lambda i: (-len(encoded[i]), i))
     results: list[list[Generation] | None] = [None] * len(prompts)
+    finished: dict[tuple[tuple[int, ...], str | None], Generation] = {}  # decode each distinct sample once
     stop_mask = None
     own_bar = progress is True
     if own_bar:
@@ -344,26 +422,42 @@ def sample_generations(
                     uniforms[r] = torch.rand((max_new_tokens, n), generator=torch.Generator().manual_seed(s))
             rows_p = torch.arange(P).repeat_interleave(n_rows)
             rows_s = torch.arange(n_rows).repeat(P)
-            chunk = max_rows or _auto_max_rows(model, cache, P, width, max_new_tokens, device) or len(rows_p)
+            if engine == "shared":
+                auto = _auto_max_rows_shared(model, cache, P, width, max_new_tokens, last.shape[-1], device)
+            else:
+                auto = _auto_max_rows(model, cache, P, width, max_new_tokens, device)
+            chunk = max_rows or auto or len(rows_p)
             toks_all: list[list[int]] = []
             reason_all: list[str | None] = []
+            kw = dict(temperature=temperature, max_new_tokens=max_new_tokens, stop_mask=stop_mask, eos=eos,
+                      compact_fraction=compact_fraction)
             for c0 in range(0, len(rows_p), chunk):
                 rp, rs = rows_p[c0 : c0 + chunk], rows_s[c0 : c0 + chunk]
-                # the last (or only) chunk expands the prefill cache itself, earlier ones a copy
-                c_cache = cache if c0 + chunk >= len(rows_p) else copy.deepcopy(cache)
                 rp_d = rp.to(device)
-                c_cache.batch_select_indices(rp_d)  # expand: each prompt's row repeated per sample
-                toks, reason = _decode_rows(
-                    model, c_cache, cache_kw, last[rp_d], mask[rp_d], lengths[rp_d], rp, rs, uniforms,
-                    temperature=temperature, max_new_tokens=max_new_tokens, stop_mask=stop_mask, eos=eos,
-                    compact_fraction=compact_fraction,
-                )
+                if engine == "shared":
+                    # every chunk reads the one prefill K/V; only generated tokens get per-row storage
+                    shared = SharedKVCache.from_prefill(cache, mask, rp_d, max_new_tokens)
+                    with shared_kv_attention_enabled(model):
+                        toks, reason = _decode_rows(_SharedDecoder(model, shared), last[rp_d], lengths[rp_d],
+                                                    rp, rs, uniforms, **kw)
+                    del shared
+                else:
+                    # the last (or only) chunk expands the prefill cache itself, earlier ones a copy
+                    c_cache = cache if c0 + chunk >= len(rows_p) else copy.deepcopy(cache)
+                    c_cache.batch_select_indices(rp_d)  # expand: each prompt's row repeated per sample
+                    toks, reason = _decode_rows(_ExpandDecoder(model, c_cache, cache_kw, mask[rp_d]), last[rp_d],
+                                                lengths[rp_d], rp, rs, uniforms, **kw)
+                    del c_cache
                 toks_all.extend(toks)
                 reason_all.extend(reason)
-                del c_cache
             del cache
             for r, i in enumerate(idx):
-                gens = [_finish(tokenizer, toks_all[r * n_rows + j], reason_all[r * n_rows + j]) for j in range(n_rows)]
+                gens = []
+                for j in range(r * n_rows, (r + 1) * n_rows):
+                    key = (tuple(toks_all[j]), reason_all[j])
+                    if key not in finished:
+                        finished[key] = _finish(tokenizer, toks_all[j], reason_all[j])
+                    gens.append(finished[key])
                 results[i] = gens if n_rows == n else gens * n
                 if progress is not None:
                     progress.update(n if own_bar else 1)
