@@ -173,28 +173,24 @@ def _row_budget(model, device) -> float:
     return max(256 * _MiB, 2 * weights)
 
 
-def _auto_max_rows(model, cache, n_prompts: int, width: int, max_new_tokens: int, device) -> int | None:
-    """Decode-batch rows whose expanded KV cache (prompt + new tokens per row) fits the budget."""
-    total = _cache_bytes(cache)
-    if not total:
-        return None
-    per_row = total / n_prompts * (width + max_new_tokens) / width
-    return max(1, int(_row_budget(model, device) // per_row))
+def _auto_max_rows(model, cache, n_prompts: int, width: int, max_new_tokens: int, device, *,
+                   shared_vocab: int | None = None) -> int | None:
+    """Decode-batch rows that fit :func:`_row_budget` (None when the cache size is unknown).
 
-
-def _auto_max_rows_shared(model, cache, n_prompts: int, width: int, max_new_tokens: int, vocab: int,
-                          device) -> int | None:
-    """Decode-batch rows of the shared-KV engine that fit the budget.
-
-    A row holds its own generated K/V (``max_new_tokens`` positions; the prompt's K/V is
-    shared), one layer's attention scores over the prompt (kept in float32) and a few
-    float32 copies of its next-token distribution.
+    ``engine="expand"`` (``shared_vocab=None``): a row holds its own copy of the prompt's K/V
+    plus the new tokens'. ``engine="shared"`` (``shared_vocab`` = the vocabulary size): a row
+    holds only its generated K/V (the prompt's K/V is shared), one layer's float32 attention
+    scores over the prompt and a few float32 copies of its next-token distribution.
     """
     total = _cache_bytes(cache)
     if not total:
         return None
-    heads = getattr(model.config, "num_attention_heads", None) or 1
-    per_row = total / n_prompts * max_new_tokens / width + 4 * (3 * heads * width + 4 * vocab)
+    per_prompt = total / n_prompts
+    if shared_vocab is None:
+        per_row = per_prompt * (width + max_new_tokens) / width
+    else:
+        heads = getattr(model.config, "num_attention_heads", None) or 1
+        per_row = per_prompt * max_new_tokens / width + 4 * (3 * heads * width + 4 * shared_vocab)
     return max(1, int(_row_budget(model, device) // per_row))
 
 
@@ -422,10 +418,8 @@ def sample_generations(
                     uniforms[r] = torch.rand((max_new_tokens, n), generator=torch.Generator().manual_seed(s))
             rows_p = torch.arange(P).repeat_interleave(n_rows)
             rows_s = torch.arange(n_rows).repeat(P)
-            if engine == "shared":
-                auto = _auto_max_rows_shared(model, cache, P, width, max_new_tokens, last.shape[-1], device)
-            else:
-                auto = _auto_max_rows(model, cache, P, width, max_new_tokens, device)
+            auto = _auto_max_rows(model, cache, P, width, max_new_tokens, device,
+                                  shared_vocab=last.shape[-1] if engine == "shared" else None)
             chunk = max_rows or auto or len(rows_p)
             toks_all: list[list[int]] = []
             reason_all: list[str | None] = []
