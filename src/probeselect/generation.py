@@ -293,6 +293,92 @@ def _decode_rows(decoder, logits0, pos0, row_prompt, row_sample, uniforms, *,
             [_REASONS[c] for c in code.tolist()])
 
 
+#: Default ``min_shared_prefix`` of :func:`sample_generations`: prompts sharing a token
+#: prefix at least this long prefill it once.
+MIN_SHARED_PREFIX = 16
+
+
+def _prefix_groups(model, encoded: Sequence[Sequence[int]], min_shared: int,
+                   max_new_tokens: int) -> list[tuple[int, list[int]]]:
+    """Groups of prompts whose common token prefix is prefilled once: ``(shared length,
+    member indices)``, ``shared length >= min_shared`` and shorter than every member (each
+    member keeps at least its last token to prefill), sorted by shared length (longest
+    first). None when ``min_shared`` is 0, or when the model has a sliding attention window
+    shorter than the longest prompt plus ``max_new_tokens`` (the prefix-then-padding cache
+    layout does not keep a window's positions)."""
+    from .spans import prefix_clusters
+
+    if min_shared <= 0 or len(encoded) < 2:
+        return []
+    cfg = model.config
+    window = getattr(cfg, "sliding_window", None)
+    if window is not None and getattr(cfg, "use_sliding_window", True) and \
+            window < max(map(len, encoded)) + max_new_tokens:
+        return []
+    groups = prefix_clusters(encoded, range(len(encoded)), min_shared=min_shared)
+    return sorted(groups, key=lambda g: (-g[0], g[1][0]))
+
+
+def _prefix_kv(model, ids: Sequence[int], *, cache_kw: str, keep_last: dict, device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per-layer (keys, values) ``[1, kv_heads, len(ids), head_dim]`` of one token prefix
+    (positions 0..len-1), run as a batch of one."""
+    from ._shared_kv import _cache_layers
+
+    cache = _new_cache(model)
+    x = torch.tensor([list(ids)], dtype=torch.long, device=device)
+    model(input_ids=x, position_ids=torch.arange(x.shape[1], device=device)[None], use_cache=True,
+          **{cache_kw: cache}, **keep_last)
+    return [(k, v) for k, v in _cache_layers(cache)]
+
+
+def _prefill_batch(model, encoded: Sequence[Sequence[int]], shared: Sequence[int],
+                   prefix_kv: Sequence[list[tuple[torch.Tensor, torch.Tensor]] | None], *, cache_kw: str,
+                   keep_last: dict, pad_id: int, device):
+    """Prefill one batch of prompts; returns (cache, attention mask, last-position logits).
+
+    Prompt ``r`` has token ids ``encoded[r]``; its first ``shared[r]`` tokens were already run
+    (``prefix_kv[r]``: their per-layer keys/values, batch 1; None when ``shared[r]`` is 0).
+    The cache rows are laid out ``[prefix | padding | left-padded rest]``: the prefixes'
+    keys/values (placed in the first ``shared[r]`` slots of every row; S = the longest
+    shared prefix of the batch), then the rest of every prompt, left-padded to the longest
+    rest and run in one forward behind them with explicit positions continuing after each
+    row's prefix. The mask (``[rows, S + rest width]``) is 1 exactly at each row's prompt
+    tokens, so ``mask.sum(-1)`` is each prompt's length (its next position). With no shared
+    prefix this is the plain left-padded prefill.
+    """
+    P = len(encoded)
+    S = max(shared)
+    rest = [list(e[s:]) for e, s in zip(encoded, shared)]
+    if not all(rest):
+        raise ValueError("every prompt needs at least one token past its shared prefix")
+    W = max(map(len, rest))
+    ids = torch.full((P, W), pad_id, dtype=torch.long)
+    mask = torch.zeros((P, S + W), dtype=torch.long)
+    pos = torch.zeros((P, W), dtype=torch.long)
+    for r, (toks, s) in enumerate(zip(rest, shared)):
+        L = len(toks)
+        ids[r, W - L :] = torch.tensor(toks, dtype=torch.long)
+        mask[r, :s] = 1
+        mask[r, S + W - L :] = 1
+        pos[r, W - L :] = torch.arange(s, s + L)
+    ids, mask, pos = ids.to(device), mask.to(device), pos.to(device)
+    cache = _new_cache(model)
+    if S:
+        ref = next(kv for kv in prefix_kv if kv is not None)
+        for layer, (k0, v0) in enumerate(ref):
+            keys = k0.new_zeros((P, k0.shape[1], S, k0.shape[3]))
+            values = v0.new_zeros((P, v0.shape[1], S, v0.shape[3]))
+            for r, (s, kv) in enumerate(zip(shared, prefix_kv)):
+                if s:
+                    keys[r, :, :s] = kv[layer][0][0, :, :s]
+                    values[r, :, :s] = kv[layer][1][0, :, :s]
+            cache.update(keys, values, layer)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **{cache_kw: cache},
+                **keep_last)
+    last = out.logits[:, -1, :]
+    return cache, mask, last
+
+
 ENGINES = ("shared", "expand")
 
 
@@ -311,14 +397,27 @@ def sample_generations(
     max_rows: int | None = None,
     compact_fraction: float = 0.25,
     engine: str = "shared",
+    min_shared_prefix: int = MIN_SHARED_PREFIX,
     progress=None,
+    stats: dict | None = None,
 ) -> list[list[Generation]]:
     """``n`` sampled continuations of every prompt, each stopped at a newline or EOS.
 
     Prompts are encoded with the tokenizer's default special tokens (like the span
     scorer), sorted by length, and prefilled ``batch_prompts`` at a time (left padding,
     explicit position ids), so a prompt's tokens are processed once, not ``n`` times; the
-    ``n`` sample rows of those prompts then decode in one batch. ``max_rows`` caps the
+    ``n`` sample rows of those prompts then decode in one batch.
+
+    Prompts that share a token prefix of at least ``min_shared_prefix`` tokens (default
+    :data:`MIN_SHARED_PREFIX`; 0 turns this off) also share its prefill: the prompts are
+    sorted by token ids and runs of them with long common prefixes form groups (as
+    :func:`probeselect.spans.prefix_clusters` does for span scoring; every member keeps at
+    least one token of its own). A group's common prefix runs once, as a batch of one; its
+    keys/values are copied into the prefill cache of each member's batch, and the rest of
+    each prompt is prefilled behind it (positions continuing after the prefix). Decoding
+    is unchanged. Grouping changes only floating-point rounding, not the random numbers
+    (see reproducibility below). It is skipped for models whose sliding attention window
+    is shorter than prompt + new tokens. ``max_rows`` caps the
     decode batch (rows = prompts x samples; default: a memory budget, see
     :func:`_row_budget`): larger batches decode in chunks of rows that all read the one
     prefill. Rows are dropped from the batch once at least ``compact_fraction`` of the
@@ -339,6 +438,11 @@ def sample_generations(
     ``progress``: None/False (silent); True (a tqdm bar counting samples, with samples/s
     and ETA, closed on return); or a tqdm-like object, updated once per finished prompt
     (its postfix, when it has ``set_postfix_str``, shows the sample rate).
+
+    ``stats``: an optional dict, filled with counts of what ran: ``prompts``,
+    ``prompt_tokens`` (all prompts' tokens), ``prefill_tokens`` (tokens run through the
+    model to prefill them, each group prefix once; padding excluded), ``shared_groups``
+    and ``shared_prompts`` (prefix groups and the prompts in them).
     """
     if n < 1 or max_new_tokens < 1 or batch_prompts < 1:
         raise ValueError("n, max_new_tokens and batch_prompts must be >= 1")
@@ -350,6 +454,8 @@ def sample_generations(
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     if max_rows is not None and max_rows < 1:
         raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+    if min_shared_prefix < 0:
+        raise ValueError(f"min_shared_prefix must be >= 0 (0 = no prefix sharing), got {min_shared_prefix}")
     if not prompts:
         return []
     device = next(model.parameters()).device
@@ -377,7 +483,26 @@ def sample_generations(
             engine = "expand"
     # greedy samples are all identical: decode one row per prompt and repeat it
     n_rows = 1 if temperature == 0 else n
-    order = sorted(range(len(prompts)), key=lambda i: (-len(encoded[i]), i))
+    # prompts sharing a long token prefix form groups whose prefix is prefilled once
+    groups = _prefix_groups(model, encoded, min_shared_prefix, max_new_tokens)
+    n_shared = [0] * len(prompts)  # tokens of prompt i prefilled with its group (0: none)
+    group_of = [-1] * len(prompts)
+    for g, (S, members) in enumerate(groups):
+        for i in members:
+            n_shared[i], group_of[i] = S, g
+    # groups first (members adjacent, longest first), then the other prompts, longest first;
+    # batches of batch_prompts prompts may mix groups and ungrouped prompts
+    order = sorted((i for i in range(len(prompts)) if group_of[i] >= 0), key=lambda i: (group_of[i], -len(encoded[i]), i))
+    order += sorted((i for i in range(len(prompts)) if group_of[i] < 0), key=lambda i: (-len(encoded[i]), i))
+    last_batch = {}  # group -> start of the last batch holding one of its prompts
+    for k, i in enumerate(order):
+        if group_of[i] >= 0:
+            last_batch[group_of[i]] = k - k % batch_prompts
+    prefix_kv: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    n_prefill = 0
+    if stats is not None:
+        stats.update(prompts=len(prompts), prompt_tokens=sum(map(len, encoded)), shared_groups=len(groups),
+                     shared_prompts=sum(len(m) for _, m in groups), prefill_tokens=0)
     results: list[list[Generation] | None] = [None] * len(prompts)
     finished: dict[tuple[tuple[int, ...], str | None], Generation] = {}  # decode each distinct sample once
     stop_mask = None
@@ -392,21 +517,20 @@ def sample_generations(
     try:
         for start in range(0, len(order), batch_prompts):
             idx = order[start : start + batch_prompts]
-            P, width = len(idx), max(len(encoded[i]) for i in idx)
-            ids = torch.full((P, width), int(pad_id), dtype=torch.long)
-            mask = torch.zeros((P, width), dtype=torch.long)
-            for r, i in enumerate(idx):
-                L = len(encoded[i])
-                ids[r, width - L :] = torch.tensor(encoded[i], dtype=torch.long)
-                mask[r, width - L :] = 1
-            pos = (mask.cumsum(-1) - 1).clamp_(min=0)
-            ids, mask, pos = ids.to(device), mask.to(device), pos.to(device)
-            # the shared prefill: each prompt's tokens go through the model once
-            cache = _new_cache(model)
-            out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
-                        **{cache_kw: cache}, **keep_last)
-            last = out.logits[:, -1, :]
-            del out
+            P = len(idx)
+            for g in sorted({group_of[i] for i in idx if group_of[i] >= 0}):
+                if g not in prefix_kv:  # a group's common prefix runs once (batch 1), whatever its batches
+                    prefix_kv[g] = _prefix_kv(model, encoded[groups[g][1][0]][: groups[g][0]],
+                                              cache_kw=cache_kw, keep_last=keep_last, device=device)
+                    n_prefill += groups[g][0]
+            # the prefill: each prompt's tokens (past its group's prefix) go through the model once
+            cache, mask, last = _prefill_batch(model, [encoded[i] for i in idx], [n_shared[i] for i in idx],
+                                               [prefix_kv.get(group_of[i]) for i in idx], cache_kw=cache_kw,
+                                               keep_last=keep_last, pad_id=int(pad_id), device=device)
+            width = mask.shape[1]
+            n_prefill += sum(len(encoded[i]) - n_shared[i] for i in idx)
+            for g in [g for g in prefix_kv if last_batch[g] <= start]:
+                del prefix_kv[g]  # no later batch needs this group's prefix
             if stop_mask is None:
                 stop_mask = _stop_token_mask(tokenizer, last.shape[-1], device)
             lengths = mask.sum(-1)
@@ -461,6 +585,8 @@ def sample_generations(
     finally:
         if own_bar:
             progress.close()
+        if stats is not None:
+            stats["prefill_tokens"] = n_prefill
     return results  # type: ignore[return-value]
 
 
