@@ -572,3 +572,166 @@ def test_sampling_progress_off(random_model, tok, capsys):
         assert captured.err == "" and captured.out == ""
     sample_generations(random_model, tok, PROMPTS[:2], n=5, max_new_tokens=3, progress=True)
     assert "sampling" in capsys.readouterr().err  # the bar itself does write (to stderr)
+
+
+# ---------------------------------------------------------------------------
+# prefix sharing across prompts
+# ---------------------------------------------------------------------------
+
+FACTS = ("Ana is a baker from Oslo. She has a cat. She likes chess. Her favourite colour is red.\n"
+         "Bo is a pilot from Lima. He has an owl. He likes golf.\n")
+SHARED_PROMPTS = [  # four questions behind one long prefix, mixed with prompts that share none
+    FACTS + "Q: Where do you live? A:",
+    "12 + 5 =",
+    FACTS + "Q: What pet do you have? A:",
+    "The opposite of hot is",
+    FACTS + "Q: What is your job? A:",
+    FACTS + "Q: What do you like to do? A: I like",
+    "Q: What is 3 + 4? A:",
+]
+
+
+def _outcomes(gens):
+    return [[(g.text, g.stop, g.n_new_tokens) for g in gs] for gs in gens]
+
+
+@pytest.mark.parametrize("engine", ["shared", "expand"])
+@pytest.mark.parametrize("which", ["ladder", "random"])
+def test_prefix_sharing_gives_identical_samples(which, engine, ckpt, random_model):
+    """Sharing the prefill of a common prefix (on by default) gives the same samples, sample
+    for sample, as prefilling every prompt in full; prefix and other prompts mixed in one call
+    and in one batch (batch_prompts=3 splits the group)."""
+    model, tok = (ckpt if which == "ladder" else (random_model, ckpt[1]))
+    assert len(tok.encode(FACTS)) >= 32
+    kw = dict(n=30, max_new_tokens=8, seed=4, engine=engine, batch_prompts=3)
+    on, off = {}, {}
+    got = sample_generations(model, tok, SHARED_PROMPTS, stats=on, **kw)
+    ref = sample_generations(model, tok, SHARED_PROMPTS, min_shared_prefix=0, stats=off, **kw)
+    assert _outcomes(got) == _outcomes(ref)
+    assert len({g.text for gs in got for g in gs}) > 10  # a non-trivial comparison
+    n_facts = min(len(tok.encode(p)) for p in SHARED_PROMPTS if p.startswith(FACTS))
+    assert on["shared_groups"] == 1 and on["shared_prompts"] == 4 and off["shared_groups"] == 0
+    assert off["prefill_tokens"] == off["prompt_tokens"] == on["prompt_tokens"]
+    assert on["prompt_tokens"] - on["prefill_tokens"] >= 3 * (len(tok.encode(FACTS)) - 1)
+    assert on["prefill_tokens"] < off["prefill_tokens"] - 3 * n_facts // 2
+
+
+def test_prefix_sharing_prefill_logits_match(ckpt, random_model):
+    """The prefill behind a shared prefix (prefix run once, batch 1; keys/values copied into
+    each row; the rest left-padded behind it) gives the same next-token log-probs as the full
+    left-padded prefill, within 1e-4, and so do decode steps from its cache (both engines)."""
+    import copy
+
+    from probeselect._shared_kv import SharedKVCache, shared_kv_attention_enabled
+    from probeselect.generation import (_ExpandDecoder, _forward_kwargs, _prefill_batch, _prefix_groups,
+                                        _prefix_kv, _SharedDecoder)
+
+    for model, tok in (ckpt, (random_model, ckpt[1])):
+        enc = [tok.encode(p) for p in SHARED_PROMPTS]
+        groups = _prefix_groups(model, enc, 16, 8)
+        assert len(groups) == 1
+        S, members = groups[0]
+        assert members == [0, 2, 4, 5] and S >= len(tok.encode(FACTS)) - 1
+        cache_kw, keep = _forward_kwargs(model)
+        common = dict(cache_kw=cache_kw, keep_last=keep, pad_id=tok.pad_token_id, device=torch.device("cpu"))
+        with torch.inference_mode():
+            pkv = _prefix_kv(model, enc[0][:S], cache_kw=cache_kw, keep_last=keep, device=torch.device("cpu"))
+            assert pkv[0][0].shape[:3] == (1, model.config.num_key_value_heads, S)
+            shared = [S if i in members else 0 for i in range(len(enc))]
+            c1, m1, l1 = _prefill_batch(model, enc, shared, [pkv if s else None for s in shared], **common)
+            c0, m0, l0 = _prefill_batch(model, enc, [0] * len(enc), [None] * len(enc), **common)
+        assert m1.shape[1] > m0.shape[1] and torch.equal(m1.sum(-1), m0.sum(-1))
+        d = (torch.log_softmax(l1, -1) - torch.log_softmax(l0, -1)).abs().max().item()
+        print(f"prefix-sharing prefill: max |d log-prob| = {d:.2e}, max |d logit| = {(l1 - l0).abs().max().item():.2e}")
+        assert d <= 1e-4, d
+        torch.testing.assert_close(l1, l0, rtol=0, atol=1e-4)
+        # decode steps from each cache give the same logits
+        rows = torch.tensor([0, 0, 1, 2, 2, 3, 4, 5, 6])
+        pos = m0.sum(-1)[rows]
+        nxt0 = torch.randint(3, len(tok), (len(rows),), generator=torch.Generator().manual_seed(1))
+        outs = []
+        for cache, mask in ((c1, m1), (c0, m0)):
+            e = copy.deepcopy(cache)
+            e.batch_select_indices(rows)
+            expand = _ExpandDecoder(model, e, cache_kw, mask[rows])
+            sh = _SharedDecoder(model, SharedKVCache.from_prefill(cache, mask, rows, max_new=3))
+            got, p, nxt = [], pos, nxt0
+            with torch.inference_mode():
+                for _ in range(2):
+                    a = expand.step(nxt, p)
+                    with shared_kv_attention_enabled(model):
+                        b = sh.step(nxt, p)
+                    got += [a, b]
+                    nxt, p = a.argmax(-1), p + 1
+            outs.append(got)
+        for a, b in zip(*outs):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-4)
+
+
+def test_prefix_sharing_does_not_depend_on_prompt_order(random_model, tok):
+    """With prompt seeds, a prompt's samples do not depend on where it is in the list (which
+    changes the groups' batches) nor on batch_prompts."""
+    seeds = [11 * (k + 1) for k in range(len(SHARED_PROMPTS))]
+    kw = dict(n=20, max_new_tokens=6, seed=0)
+    ref = sample_generations(random_model, tok, SHARED_PROMPTS, prompt_seeds=seeds, **kw)
+    for perm, bp in (([6, 5, 4, 3, 2, 1, 0], 8), ([3, 0, 5, 1, 6, 2, 4], 2), ([2, 4, 0, 5, 1, 3, 6], 1)):
+        got = sample_generations(random_model, tok, [SHARED_PROMPTS[k] for k in perm], batch_prompts=bp,
+                                 prompt_seeds=[seeds[k] for k in perm], **kw)
+        assert [got[perm.index(k)] for k in range(len(perm))] == ref
+    # a grouped prompt alone (no group) keeps its samples
+    alone = sample_generations(random_model, tok, [SHARED_PROMPTS[2]], prompt_seeds=[seeds[2]], **kw)
+    assert alone[0] == ref[2]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_prefix_sharing_edge_cases(random_model, tok, arch):
+    """A prompt that is exactly the shared prefix, identical prompts, one-token prompts and a
+    group larger than batch_prompts (its prefix still runs once): same samples as without
+    sharing; a model with absolute position embeddings (gpt2, expand engine) too."""
+    import warnings
+
+    model = random_model
+    if arch == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        torch.manual_seed(0)
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=2, n_positions=256,
+                                           bos_token_id=0, eos_token_id=1, pad_token_id=2)).eval()
+    prompts = [FACTS, FACTS + "Q: Where do you live? A:", "", FACTS + "Q: Where do you live? A:",
+               FACTS + "Q: What pet do you have? A:", "", FACTS + "Q: What is your job? A:", "a",
+               FACTS + "Q: What is your job? A: I am", FACTS + "Q: What is your job? A: I am a",
+               FACTS + "Q: What do you like to do? A:"]
+    enc = [tok.encode(p) for p in prompts]
+    assert len(enc[2]) == len(enc[5]) == 1 and enc[1] == enc[3]
+    calls = []
+    h = model.register_forward_pre_hook(lambda m, a, kw: calls.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
+    seeds = [100 + k for k in range(len(prompts))]
+    seeds[3] = seeds[1]  # identical prompts, same stream
+    kw = dict(n=12, max_new_tokens=5, prompt_seeds=seeds, batch_prompts=3,
+              engine="shared" if arch == "llama" else "expand")
+    st = {}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = sample_generations(model, tok, prompts, stats=st, **kw)
+        n_calls = len(calls)
+        ref = sample_generations(model, tok, prompts, min_shared_prefix=0, **kw)
+    finally:
+        h.remove()
+    assert _outcomes(got) == _outcomes(ref)
+    assert got[1] == got[3] and got[2] != got[5]  # same prompt and seed: same samples; other seed: other
+    # one group of 8 (the bare prefix keeps its last token to prefill): its prefix runs once,
+    # as one batch-1 forward, although its members fill three batches of 3
+    S = len(enc[0]) - 1
+    assert st["shared_groups"] == 1 and st["shared_prompts"] == 8
+    assert [c for c in calls[:n_calls] if c[0] == 1 and c[1] > 1] == [(1, S)]
+    members = [e for p, e in zip(prompts, enc) if p.startswith(FACTS)]
+    others = [e for p, e in zip(prompts, enc) if not p.startswith(FACTS)]
+    assert st["prefill_tokens"] == S + sum(len(e) - S for e in members) + sum(map(len, others))
+    greedy = sample_generations(model, tok, prompts, n=3, temperature=0.0, max_new_tokens=5, batch_prompts=4,
+                                engine=kw["engine"])
+    assert _outcomes(greedy) == _outcomes(sample_generations(model, tok, prompts, n=3, temperature=0.0,
+                                                             max_new_tokens=5, batch_prompts=4,
+                                                             engine=kw["engine"], min_shared_prefix=0))
+    with pytest.raises(ValueError, match="min_shared_prefix"):
+        sample_generations(model, tok, prompts[:1], n=2, min_shared_prefix=-1)
