@@ -244,7 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="padded tokens per forward pass; halves automatically on out-of-memory (default 8192)")
     s.add_argument("--no-prefix-reuse", action="store_true",
                    help="run every prompt in full; by default prompts of a work unit that share a token prefix of "
-                        ">= 32 tokens (e.g. fixed demonstrations) run that prefix once and reuse its KV cache")
+                        ">= 32 tokens (e.g. fixed demonstrations) run that prefix once and reuse its KV cache, and "
+                        "prompts of sampled/greedy generation sharing >= 16 tokens prefill them once")
     s.add_argument("--max-prefix-cache-tokens", type=int, default=32768, metavar="N",
                    help="bound on shared-prefix KV tokens expanded at once (rows x prefix length); a longer "
                         "prefix is scored without reuse (default 32768)")

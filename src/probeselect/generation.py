@@ -1,7 +1,8 @@
 """Generation-based measurements: sampled consistency and a greedy generative audit.
 
 Sampling (:func:`sample_generations`) prefills each prompt once, batched across prompts
-with left padding, then decodes the ``n`` sample rows of those prompts in one batch with a
+with left padding (prompts that share a long token prefix prefill that prefix once, as one
+group), then decodes the ``n`` sample rows of those prompts in one batch with a
 custom ancestral-sampling loop (full softmax at ``temperature``, no top-k/top-p). The
 default engine (``"shared"``, :mod:`probeselect._shared_kv`) keeps one copy of each
 prompt's prefill keys/values for all its rows and a preallocated buffer for each row's
@@ -591,11 +592,13 @@ def sample_generations(
 
 
 def greedy_generations(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 16,
-                       batch_size: int = 32, progress=None) -> list[Generation]:
+                       batch_size: int = 32, min_shared_prefix: int = MIN_SHARED_PREFIX,
+                       progress=None) -> list[Generation]:
     """Greedy (argmax) continuation of every prompt, stopped at a newline or EOS.
-    ``progress`` (e.g. a tqdm bar) is updated once per prompt done."""
+    ``progress`` (e.g. a tqdm bar) is updated once per prompt done; ``min_shared_prefix``
+    as in :func:`sample_generations`."""
     outs = sample_generations(model, tokenizer, prompts, n=1, temperature=0.0, max_new_tokens=max_new_tokens,
-                              batch_prompts=batch_size, progress=progress)
+                              batch_prompts=batch_size, min_shared_prefix=min_shared_prefix, progress=progress)
     return [o[0] for o in outs]
 
 
@@ -664,18 +667,21 @@ def _item_seed(seed: int, item: ProbeItem) -> int:
 
 def persona_generation_table(model, tokenizer, items: Sequence[ProbeItem], *, n: int = 200,
                              temperature: float = 1.0, max_new_tokens: int = 16, seed: int = 0,
-                             batch_prompts: int = 8, n_examples: int = 5, progress=None) -> pd.DataFrame:
+                             batch_prompts: int = 8, n_examples: int = 5, min_shared_prefix: int = MIN_SHARED_PREFIX,
+                             progress=None) -> pd.DataFrame:
     """Sample ``n`` generations per item and count their classes; one row per item.
 
     Columns: item_id, family, variant, seed (the item's evaluation seed), n_samples,
     n_task, n_shortcut, n_other_candidate, n_other, n_unterminated, task_rate,
     mean_new_tokens, top_texts / top_counts (the ``n_examples`` most frequent generated
     texts and their counts). An item's samples depend on (seed, item_id, item seed), not
-    on the other items in the list.
+    on the other items in the list. ``min_shared_prefix``: items whose prompts share a token
+    prefix this long prefill it once (0 = off; see :func:`sample_generations`).
     """
     gens = sample_generations(model, tokenizer, [it.prompt for it in items], n=n, temperature=temperature,
                               max_new_tokens=max_new_tokens, seed=seed, batch_prompts=batch_prompts,
-                              prompt_seeds=[_item_seed(seed, it) for it in items], progress=progress)
+                              prompt_seeds=[_item_seed(seed, it) for it in items],
+                              min_shared_prefix=min_shared_prefix, progress=progress)
     rows = []
     for it, gs in zip(items, gens):
         counts = Counter(classify_generation(g, it) for g in gs)
@@ -773,14 +779,16 @@ def select_audit_items(items: Sequence[ProbeItem], n_per_family: int = 50, seed:
 
 
 def generative_audit(model, tokenizer, items: Sequence[ProbeItem], *, max_new_tokens: int = 16,
-                     batch_size: int = 32, progress=None) -> pd.DataFrame:
+                     batch_size: int = 32, min_shared_prefix: int = MIN_SHARED_PREFIX,
+                     progress=None) -> pd.DataFrame:
     """Greedy generation for each item, classified; one row per item.
 
     Columns: item_id, family, variant, seed, generated, class, terminated, n_new_tokens.
-    ``progress`` (e.g. a tqdm bar) is updated once per item done.
+    ``progress`` (e.g. a tqdm bar) is updated once per item done; ``min_shared_prefix`` as
+    in :func:`sample_generations`.
     """
     gens = greedy_generations(model, tokenizer, [it.prompt for it in items], max_new_tokens=max_new_tokens,
-                              batch_size=batch_size, progress=progress)
+                              batch_size=batch_size, min_shared_prefix=min_shared_prefix, progress=progress)
     rows = [
         {"item_id": it.item_id, "family": it.family, "variant": it.variant, "seed": it.seed,
          "generated": g.text, "class": classify_generation(g, it), "terminated": g.terminated,

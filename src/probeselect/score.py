@@ -44,6 +44,7 @@ from .errors import CheckpointError, ProbeSpecError, RunInterrupted, ScoringErro
 from .manifest import base_manifest
 from .capability import heldout_nll, load_heldout_texts
 from .generation import (
+    MIN_SHARED_PREFIX,
     generative_audit,
     persona_generation_table,
     select_audit_items,
@@ -421,7 +422,9 @@ def score_checkpoints(
     :class:`Checkpoint`; ``probes`` are spec files or :class:`FamilySpec` objects.
     Margins are in nats. Within a unit, prompts sharing a token prefix of >= 32 tokens
     (fixed demonstrations) run it once (``prefix_reuse``; see :func:`spans.score_groups`,
-    bounded by ``max_prefix_cache_tokens``). Work is split into (checkpoint, family, item-chunk) units; with
+    bounded by ``max_prefix_cache_tokens``); with ``prefix_reuse`` sampled and greedy
+    generations also prefill a prefix of >= 16 tokens shared by several prompts once
+    (:func:`generation.sample_generations`, ``min_shared_prefix``). Work is split into (checkpoint, family, item-chunk) units; with
     ``out`` each finished unit is cached, so a re-run (or a run resumed after a kill)
     scores only what is missing. Launched under ``accelerate launch``/``torchrun`` the
     units are sharded across processes and every rank returns the same tables; rank 0
@@ -741,6 +744,7 @@ def _score_run(ckpts, items, item_dicts, fams, specs, manifest, units, failed, *
                old_manifest, n_found, shard=None, own=None, prefix_reuse=True,
                max_prefix_cache_tokens=DEFAULT_MAX_PREFIX_CACHE_TOKENS) -> ScoreResult:
     persona_specs = {s.family: s for s in specs if is_persona_spec(s)}  # GDsuite persona folders (generative)
+    gen_share = MIN_SHARED_PREFIX if prefix_reuse else 0  # generation: prompts' shared prefixes prefilled once
     pool = own if own is not None else range(len(units))
     mine = [units[pool[i]] for i in split_contiguous(len(pool), dist.world_size, dist.rank)]
     encoded_by_tok: dict[Any, list[EncodedGroup]] = {}
@@ -808,19 +812,21 @@ def _score_run(ckpts, items, item_dicts, fams, specs, manifest, units, failed, *
                     try:
                         part = _with_checkpoint(persona_generation_table(
                             model, tokenizers[tok_key], items[s:e], n=g["n"], temperature=g["temperature"],
-                            max_new_tokens=g["max_new_tokens"], seed=0, progress=bar), ckpt)
+                            max_new_tokens=g["max_new_tokens"], seed=0, min_shared_prefix=gen_share,
+                            progress=bar), ckpt)
                     finally:
                         bar.close()
                 elif u.task == "persona":
                     part = _with_checkpoint(gdsuite_persona_table(model, tokenizers[tok_key], persona_specs[u.family],
-                                                                  manifest["seeds"]), ckpt)
+                                                                  manifest["seeds"], min_shared_prefix=gen_share),
+                                            ckpt)
                 elif u.task == "audit":
                     bar = tqdm(total=len(audit_idx), desc=f"  {ckpt.name} generative audit", unit="item",
                                leave=False, disable=not progress)
                     try:
                         part = _with_checkpoint(generative_audit(
                             model, tokenizers[tok_key], [items[k] for k in audit_idx],
-                            max_new_tokens=audit_max_new_tokens, progress=bar), ckpt)
+                            max_new_tokens=audit_max_new_tokens, min_shared_prefix=gen_share, progress=bar), ckpt)
                     finally:
                         bar.close()
                 else:

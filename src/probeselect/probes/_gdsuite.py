@@ -500,12 +500,15 @@ def persona_prompts(spec: FamilySpec, seeds) -> list[dict]:
     return out
 
 
-def gdsuite_persona_table(model, tokenizer, spec: FamilySpec, seeds, *, batch_prompts: int = 8):
+def gdsuite_persona_table(model, tokenizer, spec: FamilySpec, seeds, *, batch_prompts: int = 8,
+                          min_shared_prefix: int = 16):
     """GDsuite's persona protocol: ``n_samples`` generations per (seed, persona, question).
 
     Samples come from :func:`probeselect.generation.sample_generations` (full softmax at
     ``temperature``; 0 = greedy), each drawn from a stream determined by (seed, persona,
-    question id). A response is the generated text up to its first newline (or EOS),
+    question id). The questions of a (seed, persona) share its fact pool as a prompt prefix,
+    which is prefilled once per group (``min_shared_prefix``; 0 = off). A response is the
+    generated text up to its first newline (or EOS),
     stripped; it matches when ``re.search(expected_answer_regex, response, re.IGNORECASE)``
     finds the regex, as in GDsuite. GDsuite stops at ``"\\nQ:"``/``"\\n\\nQ:"`` instead,
     so the two agree whenever the answer is a single line (see probes/README.md).
@@ -528,7 +531,8 @@ def gdsuite_persona_table(model, tokenizer, spec: FamilySpec, seeds, *, batch_pr
     try:
         gens = sample_generations(model, tokenizer, [r["prompt"] for r in recs], n=p["n_samples"],
                                   temperature=p["temperature"], max_new_tokens=p["max_new_tokens"],
-                                  prompt_seeds=pseeds, batch_prompts=batch_prompts)
+                                  prompt_seeds=pseeds, batch_prompts=batch_prompts,
+                                  min_shared_prefix=min_shared_prefix)
     except ValueError as exc:
         raise ScoringError(f"{spec.path or spec.family}: persona generation failed: {exc}. "
                            "Lower `max_new_tokens` or use a model with a longer context.") from None
