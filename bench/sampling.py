@@ -2,15 +2,22 @@
 
 Run: python bench/sampling.py [--model toy|58m|both] [--ladder DIR] [--prompts 16] [--n 200] [--max-new-tokens 16]
                               [--engine shared|expand] [--no-hf] [--no-check] [--persona-items K]
+                              [--spec probes/persona_qa.yaml] [--no-share-prefix] [--share-check]
 
-Same prompts (shipped persona_qa items, evaluation seed 0), same number of samples per
+Same prompts (the items of ``--spec``, evaluation seed 0: by default the shipped persona_qa
+items, which share almost no prompt prefix; ``--spec probes/real/persona.yaml`` gives 15
+personas x 4 questions behind each persona's whole fact pool), same number of samples per
 prompt and the same limit on new tokens, same stop rule (a newline or EOS ends a sample:
 HF gets ``stop_strings=["\\n"]``), temperature 1, full softmax (HF: top_k=0, top_p=1).
 HF runs ``generate(do_sample=True, num_return_sequences=N)`` on the left-padded batch of
 all prompts; probeselect runs :func:`probeselect.generation.sample_generations` with its
-defaults and ``engine=--engine`` (default ``shared``). Unless ``--no-check``, the other
-engine runs too, timed, and the script counts the samples that are identical between the
-two engines (same text, stop and length). ``--persona-items K`` also times
+defaults and ``engine=--engine`` (default ``shared``); with ``--no-share-prefix`` it
+prefills every prompt in full (``min_shared_prefix=0``) instead of prefilling a token prefix
+shared by several prompts once (the default). The script prints the prompt tokens and the
+tokens actually prefilled (``stats=``). Unless ``--no-check``, the other engine runs too,
+timed, and the script counts the samples that are identical between the two engines (same
+text, stop and length); ``--share-check`` likewise times ``--engine`` with prefix sharing
+toggled and counts the identical samples. ``--persona-items K`` also times
 :func:`probeselect.generation.persona_generation_table` on the first K persona_qa items
 (all three variants, evaluation seed 0) with ``--n`` samples each (toy model only).
 Models: ``toy`` is the last checkpoint of a toy ladder (``--ladder``; ``probeselect
@@ -35,7 +42,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from scoring import build_model, make_tokenizer  # noqa: E402
 
-from probeselect.generation import persona_generation_table, sample_generations  # noqa: E402
+from probeselect.generation import MIN_SHARED_PREFIX, persona_generation_table, sample_generations  # noqa: E402
 from probeselect.probes import generate_items, load_spec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,7 +72,9 @@ def _timed(f):
 
 
 def run(name, model, tok, prompts, args):
+    share = 0 if args.no_share_prefix else MIN_SHARED_PREFIX
     kw = dict(n=args.n, max_new_tokens=args.max_new_tokens, seed=0)
+    share_txt = "off" if args.no_share_prefix else f"on, >= {MIN_SHARED_PREFIX} tokens"
     other = "expand" if args.engine == "shared" else "shared"
     torch.manual_seed(0)
     for eng in (args.engine, other):  # warm-up
@@ -77,12 +86,28 @@ def run(name, model, tok, prompts, args):
     print(f"[{name}] params={n_params/1e6:.2f}M prompts={len(prompts)} n={args.n} max_new_tokens={args.max_new_tokens} "
           f"mean prompt {sum(len(tok.encode(p)) for p in prompts)/len(prompts):.0f} tokens "
           f"threads={torch.get_num_threads()}", flush=True)
-    gens, t_ours = _timed(lambda: sample_generations(model, tok, prompts, engine=args.engine, **kw))
+    st: dict = {}
+    gens, t_ours = _timed(lambda: sample_generations(model, tok, prompts, engine=args.engine, stats=st,
+                                                     min_shared_prefix=share, **kw))
     ours_new = sum(g.n_new_tokens for gs in gens for g in gs) / total
-    print(f"  probeselect ({args.engine}) : {total/t_ours:8.1f} samples/s ({t_ours:.2f} s; "
-          f"{ours_new:.2f} new tokens/sample)", flush=True)
+    print(f"  probeselect ({args.engine}, prefix sharing {share_txt}) : {total/t_ours:8.1f} samples/s "
+          f"({t_ours:.2f} s; {ours_new:.2f} new tokens/sample)", flush=True)
+    print(f"  prefill tokens: {st['prefill_tokens']} of {st['prompt_tokens']} prompt tokens "
+          f"({st['prefill_tokens']/st['prompt_tokens']:.1%}; {st['shared_groups']} prefix groups holding "
+          f"{st['shared_prompts']} of {st['prompts']} prompts)", flush=True)
+    if args.share_check:
+        flip = MIN_SHARED_PREFIX if args.no_share_prefix else 0
+        st2: dict = {}
+        ref, t_flip = _timed(lambda: sample_generations(model, tok, prompts, engine=args.engine, stats=st2,
+                                                        min_shared_prefix=flip, **kw))
+        same = sum(a == b and a.stop == b.stop for xs, ys in zip(gens, ref) for a, b in zip(xs, ys))
+        print(f"  probeselect ({args.engine}, prefix sharing {'on' if flip else 'off'}) : {total/t_flip:8.1f} "
+              f"samples/s ({t_flip:.2f} s; {st2['prefill_tokens']} prefill tokens); "
+              f"sharing off/on time = {(t_flip / t_ours) if flip == 0 else (t_ours / t_flip):.2f}x; "
+              f"identical samples {same}/{total}", flush=True)
     if not args.no_check:
-        ref, t_other = _timed(lambda: sample_generations(model, tok, prompts, engine=other, **kw))
+        ref, t_other = _timed(lambda: sample_generations(model, tok, prompts, engine=other,
+                                                         min_shared_prefix=share, **kw))
         same = sum(a == b and a.stop == b.stop for xs, ys in zip(gens, ref) for a, b in zip(xs, ys))
         print(f"  probeselect ({other}) : {total/t_other:8.1f} samples/s ({t_other:.2f} s); "
               f"{args.engine}/{other} = {t_other/t_ours:.2f}x; identical samples {same}/{total}", flush=True)
@@ -95,15 +120,17 @@ def run(name, model, tok, prompts, args):
 
 def run_persona(model, tok, args):
     items = generate_items(load_spec(ROOT / "probes" / "persona_qa.yaml"), [0])
+    share = 0 if args.no_share_prefix else MIN_SHARED_PREFIX
     by_variant: dict[str, list] = {}
     for it in items:
         by_variant.setdefault(it.variant, []).append(it)
     chosen = [it for its in by_variant.values() for it in its[: args.persona_items]]
     df, dt = _timed(lambda: persona_generation_table(model, tok, chosen, n=args.n,
-                                                     max_new_tokens=args.max_new_tokens, seed=0))
+                                                     max_new_tokens=args.max_new_tokens, seed=0,
+                                                     min_shared_prefix=share))
     total = int(df["n_samples"].sum())
     print(f"  persona_generation_table ({len(chosen)} items = {args.persona_items} x {len(by_variant)} variants, "
-          f"n={args.n}, default engine): {total/dt:8.1f} samples/s ({dt:.2f} s); "
+          f"n={args.n}, default engine, prefix sharing {'off' if share == 0 else 'on'}): {total/dt:8.1f} samples/s ({dt:.2f} s); "
           f"task rate {df['n_task'].sum()/total:.3f}", flush=True)
 
 
@@ -124,12 +151,21 @@ def main() -> None:
     ap.add_argument("--persona-items", type=int, default=0, metavar="K",
                     help="also time persona_generation_table on K items per variant (toy model)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's default)")
+    ap.add_argument("--spec", default=str(ROOT / "probes" / "persona_qa.yaml"),
+                    help="probe spec whose items (evaluation seed 0) are the prompts (default probes/persona_qa.yaml; "
+                         "probes/real/persona.yaml: questions sharing a fact-pool prefix)")
+    ap.add_argument("--no-share-prefix", action="store_true",
+                    help="prefill every prompt in full (min_shared_prefix=0); by default prompts sharing a token "
+                         f"prefix of >= {MIN_SHARED_PREFIX} tokens prefill it once")
+    ap.add_argument("--share-check", action="store_true",
+                    help="also time --engine with prefix sharing toggled and count identical samples")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    items = generate_items(load_spec(ROOT / "probes" / "persona_qa.yaml"), [0])
+    items = generate_items(load_spec(args.spec), [0])
     prompts = [it.prompt for it in items]
+    print(f"prompts: {args.spec} (evaluation seed 0, {len(prompts)} items)")
     if args.model in ("toy", "both"):
         from probeselect.checkpoints import discover_checkpoints
         from probeselect.score import load_model, load_tokenizer
