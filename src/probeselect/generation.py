@@ -405,7 +405,7 @@ def sample_generations(
     """``n`` sampled continuations of every prompt, each stopped at a newline or EOS.
 
     Prompts are encoded with the tokenizer's default special tokens (like the span
-    scorer), sorted by length, and prefilled ``batch_prompts`` at a time (left padding,
+    scorer), sorted by length (prefix groups first, see below), and prefilled ``batch_prompts`` at a time (left padding,
     explicit position ids), so a prompt's tokens are processed once, not ``n`` times; the
     ``n`` sample rows of those prompts then decode in one batch.
 
