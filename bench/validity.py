@@ -30,7 +30,9 @@ recommendation, else its top pilot base), ``pick_window`` (its data window), ``t
 ``agree`` (pick == truth_best, or the truth cannot separate the two: the plan's decision rule on
 the truth runs of just these two bases says "no clear winner"; ``truth_separates_pick`` says when
 it can), ``agree_strict`` (pick == truth_best),
-``pick_truth_gap`` (truth value of truth_best minus that of pick, >= 0), ``kendall_tau``
+``pick_truth_gap`` (truth value of truth_best minus that of pick, >= 0), ``latest`` /
+``latest_agree`` / ``latest_truth_gap`` (the same for the naive baseline "post-train the latest
+checkpoint": the probes only earn their keep on seeds where it disagrees and the pick agrees), ``kendall_tau``
 (Kendall tau-b between the shortlist aggregate over every ranked candidate, oriented so
 that higher = better, and the truth values), ``decision`` (the selection verdict and the
 confirmation statement); and ``OUT/ties.csv``: one row per seed x tie with the verdict
@@ -223,6 +225,15 @@ def validate_seed(seed: int, out_root: Path, *, config: Path, truth_seeds: int, 
         truth_vs_pick = "same" if pick == truth_best else "pick not in truth"
     else:
         truth_vs_pick = _rank(out / "truth", spec_truth, [truth_best, pick]).verdict
+    # The naive baseline a probe-based pick must beat: post-train the latest checkpoint. Scored
+    # with the same tie-aware rule; when it agrees as often as the pick, the validation cannot
+    # tell the probes from "take the latest".
+    latest = [c for c in ckpts if c.step is not None][-1].name
+    if latest == truth_best or latest not in tt.index:
+        truth_vs_latest = "same" if latest == truth_best else "latest not in truth"
+    else:
+        truth_vs_latest = _rank(out / "truth", spec_truth, [truth_best, latest]).verdict
+    latest_gap = float(sign * (truth_val[truth_best] - truth_val[latest])) if latest in tt.index else float("nan")
     windows = _windows_of(ladder)
     scols = [c for c in tt.columns if c.startswith("seed") and c[4:].isdigit()]
     truth_rows = [{"seed": seed, "checkpoint": b, "window": windows.get(b, ""), "truth_value": float(truth_val[b]),
@@ -234,7 +245,9 @@ def validate_seed(seed: int, out_root: Path, *, config: Path, truth_seeds: int, 
     row = {"seed": seed, **_dip_columns(run_dir, ladder), "pick": pick, "pick_window": windows.get(pick, ""), "truth_best": truth_best,
            "agree": bool(pick == truth_best or truth_vs_pick == "no_clear_winner"),
            "agree_strict": bool(pick == truth_best), "truth_separates_pick": bool(pick != truth_best and truth_vs_pick != "no_clear_winner"),
-           "pick_truth_gap": gap, "kendall_tau": tau, "n_ranked": int(len(sl)),
+           "pick_truth_gap": gap, "latest": latest,
+           "latest_agree": bool(latest == truth_best or truth_vs_latest == "no_clear_winner"),
+           "latest_truth_gap": latest_gap, "kendall_tau": tau, "n_ranked": int(len(sl)),
            "shortlist": " ".join(f"{x['checkpoint']}({windows.get(str(x['checkpoint']), '?')})" for x in
                                  json.loads((run_dir / "shortlist.json").read_text(encoding="utf-8"))["selected"]),
            "decision": verdict, "confirmation": conf_line, "truth_verdict": truth.verdict,
@@ -323,6 +336,7 @@ def validate(seeds: list[int], out: Path, *, config: Path = ROOT / "recipes" / "
         atomic_write_csv(out / "truth_values.csv", pd.concat([pd.read_csv(p) for p in tv], ignore_index=True))
     counted = tdf[tdf["truth_is_tie"]]
     totals = {"seeds": seeds, "agree": int(df["agree"].sum()), "agree_strict": int(df["agree_strict"].sum()),
+              "latest_agree": int(df["latest_agree"].sum()),
               "dip_pass": int(df["dip_pass"].fillna(False).astype(bool).sum()),
               "n": len(df), "jobs": jobs,
               "false_clear_winners": int(counted["false_clear_winner"].sum()), "ties_counted": len(counted),
@@ -332,6 +346,7 @@ def validate(seeds: list[int], out: Path, *, config: Path = ROOT / "recipes" / "
     atomic_write_text(out / "validity.md", _markdown(df) + "\n\n" + _markdown(tdf) + "\n\n"
                       + f"agreement {totals['agree']}/{totals['n']} (pick = truth's best, or the truth cannot "
                         f"separate them: {totals['agree']}; pick = truth's best exactly: {totals['agree_strict']}); "
+                        f"baseline 'take the latest checkpoint' agrees on {totals['latest_agree']}/{totals['n']}; "
                         f"false clear winners on ties "
                         f"{totals['false_clear_winners']}/{totals['ties_counted']}\n")
     return totals

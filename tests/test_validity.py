@@ -46,6 +46,12 @@ def test_validity_smoke_one_seed(tmp_path, monkeypatch):
     assert bool(row["agree"]) == (bool(row["agree_strict"]) or not bool(row["truth_separates_pick"]))
     assert row["pick_window"] in ("", "base", "parrot", "recovery")
     assert row["pick_truth_gap"] >= 0
+    # the naive baseline "post-train the latest checkpoint", scored with the same rule
+    assert row["latest"] == max(names, key=lambda n: int(n.rsplit("-", 1)[1]))
+    assert row["latest_truth_gap"] >= 0
+    if row["latest"] == row["truth_best"]:
+        assert row["latest_agree"] and row["latest_truth_gap"] == 0
+    assert totals["latest_agree"] == int(bool(row["latest_agree"]))
     assert row["decision"] in ("winner", "no_clear_winner", "single_eligible", "none_eligible")
     # the truth trained every checkpoint under 2 SFT seeds at the confirmation recipe
     truth = pd.read_csv(out / "seed0" / "truth" / "transfer.csv")
