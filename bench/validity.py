@@ -30,7 +30,9 @@ recommendation, else its top pilot base), ``pick_window`` (its data window), ``t
 ``agree`` (pick == truth_best, or the truth cannot separate the two: the plan's decision rule on
 the truth runs of just these two bases says "no clear winner"; ``truth_separates_pick`` says when
 it can), ``agree_strict`` (pick == truth_best),
-``pick_truth_gap`` (truth value of truth_best minus that of pick, >= 0), ``kendall_tau``
+``pick_truth_gap`` (truth value of truth_best minus that of pick, >= 0), ``latest`` /
+``latest_agree`` / ``latest_truth_gap`` (the same for the naive baseline "post-train the latest
+checkpoint": the probes only earn their keep on seeds where it disagrees and the pick agrees), ``kendall_tau``
 (Kendall tau-b between the shortlist aggregate over every ranked candidate, oriented so
 that higher = better, and the truth values), ``decision`` (the selection verdict and the
 confirmation statement); and ``OUT/ties.csv``: one row per seed x tie with the verdict
@@ -44,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
@@ -135,20 +138,130 @@ def _pilot(bases, recipe: str, out: Path, overrides: list[str], seeds: list[int]
     run_pilot(bases, recipe, out, progress=False, device=device, overrides=ov)
 
 
-def validate_seed(seed: int, out_root: Path, *, config: Path, truth_seeds: int, tiny: bool,
-                  log=print) -> tuple[dict, list[dict]]:
-    """Validate one toy seed; returns (validity row, tie rows)."""
+# ---------------------------------------------------------------------------
+# Stages. Each runs in a worker process (single-threaded torch) or in the main process
+# (``jobs=1``); the scheduler in :func:`validate` runs them as soon as their inputs exist, so
+# ``jobs`` workers stay busy: a seed's pipeline, then one ground-truth task per checkpoint, then
+# its two planted ties, then its row (cheap, in the main process).
+# ---------------------------------------------------------------------------
+
+
+def _stage_pipeline(seed: int, out_root: Path, config: Path, tiny: bool) -> dict:
+    """``probeselect run CONFIG`` for one seed; returns its ladder's checkpoint names and the seconds."""
+    from probeselect.checkpoints import discover_checkpoints
     from probeselect.run import run_pipeline
 
     out = out_root / f"seed{seed}"
     ov, cfg = _run_cfg(config, out, seed, tiny)
     t0 = time.perf_counter()
-    log(f"[seed {seed}] pipeline: probeselect run {config} {' '.join(ov)}")
     run_pipeline(config, overrides=ov, progress=False, log=lambda m: None)
-    t_pipe = time.perf_counter() - t0
+    return {"checkpoints": [c.name for c in discover_checkpoints(Path(cfg["_paths"]["ladder"]))],
+            "seconds": time.perf_counter() - t0}
+
+
+def _truth_extra(tiny: bool) -> list[str]:
+    return ["transfer.robustness=null", "transfer.heldout=null", "eval.every=0"] + (TINY_RECIPE if tiny else [])
+
+
+def _stage_truth(seed: int, out_root: Path, config: Path, tiny: bool, truth_seeds: int, checkpoint: str) -> float:
+    """Ground truth for one checkpoint: the confirmation recipe under ``truth_seeds`` SFT seeds, into
+    ``OUT/seed<S>/truth/parts/<checkpoint>`` (merged by :func:`_merge_truth`). Returns the seconds."""
+    out = out_root / f"seed{seed}"
+    _, cfg = _run_cfg(config, out, seed, tiny)
+    conf_cfg = cfg.get("confirm") or cfg["pilot"]
+    t0 = time.perf_counter()
+    _pilot([Path(cfg["_paths"]["ladder"]) / checkpoint], conf_cfg["recipe"], out / "truth" / "parts" / checkpoint,
+           list(conf_cfg.get("overrides") or []), list(range(truth_seeds)), str(cfg.get("device", "auto")),
+           extra=_truth_extra(tiny))
+    return time.perf_counter() - t0
+
+
+#: Tables of a pilot folder that the truth's per-checkpoint parts are merged into.
+_TRUTH_TABLES = ("transfer.csv", "transfer_base.csv", "diagnostics.csv", "transfer_items.parquet")
+
+
+def _merge_truth(truth_dir: Path, checkpoints: list[str]) -> None:
+    """Concatenate the per-checkpoint truth parts into one pilot folder that the selection code
+    reads. Every part trained under the same SFT data manifests (the matched-pilot guarantee);
+    a part whose manifest differs is an error, not a silent merge."""
+    parts = [truth_dir / "parts" / c for c in checkpoints]
+    ref = sorted(p.name for p in parts[0].glob("data_manifest-seed*.json"))
+    for p in parts:
+        if sorted(q.name for q in p.glob("data_manifest-seed*.json")) != ref or any(
+                (p / n).read_bytes() != (parts[0] / n).read_bytes() for n in ref):
+            raise RuntimeError(f"{p}: its SFT data manifests differ from {parts[0]}'s; the truth parts are "
+                               f"not matched. Delete {truth_dir} and rerun.")
+    for n in ref:
+        atomic_write_text(truth_dir / n, (parts[0] / n).read_text(encoding="utf-8"))
+    for name in _TRUTH_TABLES:
+        frames = [pd.read_parquet(p / name) if name.endswith(".parquet") else pd.read_csv(p / name)
+                  for p in parts if (p / name).is_file()]
+        if not frames:
+            continue
+        df = pd.concat(frames, ignore_index=True)
+        if name.endswith(".parquet"):
+            tmp = truth_dir / (name + ".tmp")
+            df.to_parquet(tmp, index=False)
+            tmp.replace(truth_dir / name)
+        else:
+            atomic_write_csv(truth_dir / name, df)
+
+
+def _tie_bases(seed: int, out_root: Path, config: Path, tiny: bool) -> tuple[list[tuple[str, list[str], bool]], dict]:
+    """The two planted ties of a seed (name, base paths, whether the truth itself calls it a tie)
+    and context for the row; needs the merged truth."""
+    from probeselect.checkpoints import discover_checkpoints
+
+    out = out_root / f"seed{seed}"
+    _, cfg = _run_cfg(config, out, seed, tiny)
+    spec_truth = _truth_spec(_spec(cfg))
+    truth = _rank(out / "truth", spec_truth)
+    ckpts = discover_checkpoints(Path(cfg["_paths"]["ladder"]))
+    src = next(c for c in ckpts if c.name == truth.top)
+    last2 = [c for c in ckpts if c.step is not None][-2:]
+    twin = out / "ties" / "twin" / "bases" / f"twin-of-{src.name}"
+    return [("twin", [str(src.path), str(twin)], True),
+            ("same_mode", [str(c.path) for c in last2],
+             _rank(out / "truth", spec_truth, [c.name for c in last2]).verdict != "winner")], {"src": str(src.path)}
+
+
+def _stage_tie(seed: int, out_root: Path, config: Path, tiny: bool, name: str, bases: list[str]) -> float:
+    """Pilot one planted tie at the pilot budget (the twin's byte copy is made here)."""
+    out = out_root / f"seed{seed}"
+    _, cfg = _run_cfg(config, out, seed, tiny)
+    t0 = time.perf_counter()
+    if name == "twin":
+        src, copy = Path(bases[0]), Path(bases[1])
+        if not (copy / "config.json").is_file():
+            shutil.rmtree(copy, ignore_errors=True)
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(src, copy)
+    pilot_cfg = cfg["pilot"]
+    _pilot(bases, pilot_cfg["recipe"], out / "ties" / name / "pilot", list(pilot_cfg.get("overrides") or []), None,
+           str(cfg.get("device", "auto")), extra=TINY_RECIPE if tiny else [])
+    return time.perf_counter() - t0
+
+
+def _truth_spec(spec):
+    """The plan's selection spec for the truth: without the ``robust_recovery`` floor (the truth
+    runs skip the robustness items)."""
+    if any(c.metric in ("robust_recovery",) for c in getattr(spec, "constraints", ())):
+        import dataclasses
+
+        return dataclasses.replace(spec, constraints=tuple(c for c in spec.constraints
+                                                           if c.metric != "robust_recovery"))
+    return spec
+
+
+def _seed_row(seed: int, out_root: Path, config: Path, tiny: bool, truth_seeds: int, ties_spec, secs: dict
+              ) -> tuple[dict, list[dict]]:
+    """The validity row and tie rows of a seed whose pipeline, truth and ties are on disk."""
+    from probeselect.checkpoints import discover_checkpoints
+
+    out = out_root / f"seed{seed}"
+    _, cfg = _run_cfg(config, out, seed, tiny)
     run_dir = Path(cfg["_paths"]["run"])
     ladder = Path(cfg["_paths"]["ladder"])
-    device = str(cfg.get("device", "auto"))
     spec = _spec(cfg)
     sel = json.loads((run_dir / "selection.json").read_text(encoding="utf-8"))
     conf = json.loads((run_dir / "confirm.json").read_text(encoding="utf-8")) if (run_dir / "confirm.json").is_file() \
@@ -156,24 +269,9 @@ def validate_seed(seed: int, out_root: Path, *, config: Path, truth_seeds: int, 
     r = sel["decision"]
     pick = r.get("recommended") or r.get("top")
     verdict = r.get("verdict")
-
-    # ground truth: every checkpoint at the confirmation budget, >= truth_seeds SFT seeds
-    from probeselect.checkpoints import discover_checkpoints
-
     ckpts = discover_checkpoints(ladder)
-    conf_cfg = cfg.get("confirm") or cfg["pilot"]
-    t1 = time.perf_counter()
-    log(f"[seed {seed}] truth: {len(ckpts)} checkpoints x {truth_seeds} SFT seeds ({conf_cfg['recipe']})")
-    _pilot([c.path for c in ckpts], conf_cfg["recipe"], out / "truth", list(conf_cfg.get("overrides") or []),
-           list(range(truth_seeds)), device, extra=["transfer.robustness=null", "transfer.heldout=null", "eval.every=0"]
-           + (TINY_RECIPE if tiny else []))
-    t_truth = time.perf_counter() - t1
-    spec_truth = spec
-    if any(c.metric in ("robust_recovery",) for c in getattr(spec, "constraints", ())):
-        import dataclasses
 
-        spec_truth = dataclasses.replace(spec, constraints=tuple(c for c in spec.constraints
-                                                                 if c.metric != "robust_recovery"))
+    spec_truth = _truth_spec(spec)
     truth = _rank(out / "truth", spec_truth)
     tt = truth.table.set_index("base")
     truth_best = truth.top
@@ -186,33 +284,14 @@ def validate_seed(seed: int, out_root: Path, *, config: Path, truth_seeds: int, 
     sl = sl[sl[agg_col].notna() & sl["checkpoint"].astype(str).isin(tt.index)]
     tau = _kendall_tau_b(-sl[agg_col].to_numpy(float), sign * truth_val.reindex(sl["checkpoint"].astype(str)).to_numpy())
 
-    # planted ties at the pilot budget
-    pilot_cfg = cfg["pilot"]
-    p_over = list(pilot_cfg.get("overrides") or [])
     ties = []
-    twin_dir = out / "ties" / "twin"
-    src = next(c for c in ckpts if c.name == truth_best)
-    copy = twin_dir / "bases" / f"twin-of-{src.name}"
-    if not (copy / "config.json").is_file():
-        shutil.rmtree(copy, ignore_errors=True)
-        shutil.copytree(src.path, copy)
-    last2 = [c for c in ckpts if c.step is not None][-2:]
-    t2 = time.perf_counter()
-    for name, bases, truth_tie in (
-        ("twin", [src.path, copy], True),
-        ("same_mode", [c.path for c in last2],
-         _rank(out / "truth", spec_truth, [c.name for c in last2]).verdict != "winner"),
-    ):
-        pdir = out / "ties" / name / "pilot"
-        log(f"[seed {seed}] tie {name}: {[Path(b).name for b in bases]}")
-        _pilot(bases, pilot_cfg["recipe"], pdir, p_over, None, device, extra=TINY_RECIPE if tiny else [])
-        rk = _rank(pdir, spec)
+    for name, bases, truth_tie in ties_spec:
+        rk = _rank(out / "ties" / name / "pilot", spec)
         ties.append({"seed": seed, "tie": name, "bases": " vs ".join(Path(b).name for b in bases),
                      "truth_is_tie": bool(truth_tie), "verdict": rk.verdict, "diff": rk.diff,
                      "diff_ci_low": rk.diff_ci[0] if rk.diff_ci else None,
                      "diff_ci_high": rk.diff_ci[1] if rk.diff_ci else None,
                      "false_clear_winner": bool(truth_tie and rk.verdict == "winner")})
-    t_ties = time.perf_counter() - t2
     conf_line = (conf or {}).get("statement") or ""
     shortlisted = {str(x["checkpoint"]) for x in
                    json.loads((run_dir / "shortlist.json").read_text(encoding="utf-8"))["selected"]}
@@ -223,6 +302,15 @@ def validate_seed(seed: int, out_root: Path, *, config: Path, truth_seeds: int, 
         truth_vs_pick = "same" if pick == truth_best else "pick not in truth"
     else:
         truth_vs_pick = _rank(out / "truth", spec_truth, [truth_best, pick]).verdict
+    # The naive baseline a probe-based pick must beat: post-train the latest checkpoint. Scored
+    # with the same tie-aware rule; when it agrees as often as the pick, the validation cannot
+    # tell the probes from "take the latest".
+    latest = [c for c in ckpts if c.step is not None][-1].name
+    if latest == truth_best or latest not in tt.index:
+        truth_vs_latest = "same" if latest == truth_best else "latest not in truth"
+    else:
+        truth_vs_latest = _rank(out / "truth", spec_truth, [truth_best, latest]).verdict
+    latest_gap = float(sign * (truth_val[truth_best] - truth_val[latest])) if latest in tt.index else float("nan")
     windows = _windows_of(ladder)
     scols = [c for c in tt.columns if c.startswith("seed") and c[4:].isdigit()]
     truth_rows = [{"seed": seed, "checkpoint": b, "window": windows.get(b, ""), "truth_value": float(truth_val[b]),
@@ -234,13 +322,36 @@ def validate_seed(seed: int, out_root: Path, *, config: Path, truth_seeds: int, 
     row = {"seed": seed, **_dip_columns(run_dir, ladder), "pick": pick, "pick_window": windows.get(pick, ""), "truth_best": truth_best,
            "agree": bool(pick == truth_best or truth_vs_pick == "no_clear_winner"),
            "agree_strict": bool(pick == truth_best), "truth_separates_pick": bool(pick != truth_best and truth_vs_pick != "no_clear_winner"),
-           "pick_truth_gap": gap, "kendall_tau": tau, "n_ranked": int(len(sl)),
+           "pick_truth_gap": gap, "latest": latest,
+           "latest_agree": bool(latest == truth_best or truth_vs_latest == "no_clear_winner"),
+           "latest_truth_gap": latest_gap, "kendall_tau": tau, "n_ranked": int(len(sl)),
            "shortlist": " ".join(f"{x['checkpoint']}({windows.get(str(x['checkpoint']), '?')})" for x in
                                  json.loads((run_dir / "shortlist.json").read_text(encoding="utf-8"))["selected"]),
            "decision": verdict, "confirmation": conf_line, "truth_verdict": truth.verdict,
-           "truth_seeds": truth_seeds, "seconds_pipeline": round(t_pipe, 1), "seconds_truth": round(t_truth, 1),
-           "seconds_ties": round(t_ties, 1)}
+           "truth_seeds": truth_seeds, "seconds_pipeline": round(secs.get("pipeline", 0.0), 1),
+           "seconds_truth": round(secs.get("truth", 0.0), 1), "seconds_ties": round(secs.get("ties", 0.0), 1)}
     return row, ties
+
+
+
+
+def validate_seed(seed: int, out_root: Path, *, config: Path, truth_seeds: int, tiny: bool,
+                  log=print) -> tuple[dict, list[dict]]:
+    """Validate one toy seed in this process (the stages of :func:`validate`, one after the
+    other); returns (validity row, tie rows)."""
+    config = Path(config)
+    log(f"[seed {seed}] pipeline: probeselect run {config} out={out_root / f'seed{seed}'} ladder.toy.seed={seed}")
+    p = _stage_pipeline(seed, out_root, config, tiny)
+    secs = {"pipeline": p["seconds"], "truth": 0.0, "ties": 0.0}
+    log(f"[seed {seed}] truth: {len(p['checkpoints'])} checkpoints x {truth_seeds} SFT seeds")
+    for c in p["checkpoints"]:
+        secs["truth"] += _stage_truth(seed, out_root, config, tiny, truth_seeds, c)
+    _merge_truth(out_root / f"seed{seed}" / "truth", p["checkpoints"])
+    ties_spec, _ = _tie_bases(seed, out_root, config, tiny)
+    for name, bases, _tie in ties_spec:
+        log(f"[seed {seed}] tie {name}: {[Path(b).name for b in bases]}")
+        secs["ties"] += _stage_tie(seed, out_root, config, tiny, name, bases)
+    return _seed_row(seed, out_root, config, tiny, truth_seeds, ties_spec, secs)
 
 
 def _windows_of(ladder: Path) -> dict:
@@ -276,11 +387,13 @@ def _dip_columns(run_dir: Path, ladder: Path) -> dict:
     return {**out, "dip_pass": bool(v["pass"]), "dip_families": " ".join(fams), "capability_dips": " ".join(bad)}
 
 
-def _seed_worker(args):
-    """Process-pool entry: one seed (single-threaded pilots; each seed in its own folder)."""
-    seed, out, config, truth_seeds, tiny = args
-    return validate_seed(seed, Path(out), config=Path(config), truth_seeds=truth_seeds, tiny=tiny,
-                         log=lambda m: print(m, flush=True))
+def _init_worker() -> None:
+    """Worker processes run torch single-threaded: ``jobs`` single-threaded workers fill ``jobs``
+    cores; more threads than cores make every small kernel wait for the others (scoring with the
+    default thread count in five processes on 2 cores was 20-30x slower than alone)."""
+    import torch
+
+    torch.set_num_threads(1)
 
 
 def _markdown(df: pd.DataFrame) -> str:
@@ -291,10 +404,60 @@ def _markdown(df: pd.DataFrame) -> str:
     return "\n".join(out)
 
 
+def _schedule(seeds, out: Path, config: Path, truth_seeds: int, tiny: bool, jobs: int, log, keep) -> None:
+    """Run every stage of every seed on ``jobs`` single-threaded worker processes, each stage as
+    soon as its inputs exist: pipelines first, then one truth task per checkpoint of a finished
+    pipeline, then a seed's two ties once its truth is complete. Tasks are minutes long, so the
+    workers stay busy to the end (a process per seed would leave cores idle at the tail, and five
+    processes on two cores lose time to sharing caches)."""
+    import multiprocessing as mp
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the spawned workers
+    secs = {s: {"pipeline": 0.0, "truth": 0.0, "ties": 0.0} for s in seeds}
+    left: dict[int, set] = {}
+    ckpts_of: dict[int, list] = {}
+    ties_of: dict[int, list] = {}
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"), initializer=_init_worker) as ex:
+        pending = {}
+        for s in seeds:
+            log(f"[seed {s}] pipeline: probeselect run {config} out={out / f'seed{s}'} ladder.toy.seed={s}")
+            pending[ex.submit(_stage_pipeline, s, out, config, tiny)] = ("pipeline", s, None)
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for f in sorted(done, key=lambda f: (pending[f][1], pending[f][0], str(pending[f][2]))):
+                kind, s, what = pending.pop(f)
+                res = f.result()  # a failed stage stops the validation with its own error
+                if kind == "pipeline":
+                    secs[s]["pipeline"] = res["seconds"]
+                    left[s] = set(res["checkpoints"])
+                    log(f"[seed {s}] truth: {len(res['checkpoints'])} checkpoints x {truth_seeds} SFT seeds")
+                    for c in res["checkpoints"]:
+                        pending[ex.submit(_stage_truth, s, out, config, tiny, truth_seeds, c)] = ("truth", s, c)
+                    ckpts_of[s] = list(res["checkpoints"])
+                elif kind == "truth":
+                    secs[s]["truth"] += res
+                    left[s].discard(what)
+                    if not left[s]:
+                        _merge_truth(out / f"seed{s}" / "truth", ckpts_of[s])
+                        spec, _ = _tie_bases(s, out, config, tiny)
+                        ties_of[s] = spec
+                        left[s] = {name for name, _, _ in spec}
+                        for name, bases, _tie in spec:
+                            log(f"[seed {s}] tie {name}: {[Path(b).name for b in bases]}")
+                            pending[ex.submit(_stage_tie, s, out, config, tiny, name, bases)] = ("tie", s, name)
+                else:
+                    secs[s]["ties"] += res
+                    left[s].discard(what)
+                    if not left[s]:
+                        keep(*_seed_row(s, out, config, tiny, truth_seeds, ties_of[s], secs[s]))
+
+
 def validate(seeds: list[int], out: Path, *, config: Path = ROOT / "recipes" / "demo.yaml", truth_seeds: int = 6,
              tiny: bool = False, log=print, jobs: int = 1) -> dict:
-    """Run :func:`validate_seed` for every seed (``jobs`` seeds at a time, each in its own process:
-    the pilots are single-threaded); write validity.csv/.md, ties.csv and validity.json."""
+    """Validate every seed; write validity.csv/.md, ties.csv and validity.json. ``jobs=1``: the
+    seeds one after the other in this process (:func:`validate_seed`); ``jobs>1``: every stage of
+    every seed on ``jobs`` single-threaded worker processes (:func:`_schedule`; same results)."""
     out = Path(out)
     rows, ties = [], []
     t0 = time.perf_counter()
@@ -306,13 +469,8 @@ def validate(seeds: list[int], out: Path, *, config: Path = ROOT / "recipes" / "
         atomic_write_csv(out / "validity.csv", pd.DataFrame(rows))
         atomic_write_csv(out / "ties.csv", pd.DataFrame(sorted(ties, key=lambda t: (seeds.index(t["seed"]), t["tie"]))))
 
-    if jobs > 1 and len(seeds) > 1:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as ex:
-            futs = [ex.submit(_seed_worker, (s, str(out), str(config), truth_seeds, tiny)) for s in seeds]
-            for f in as_completed(futs):
-                _keep(*f.result())
+    if jobs > 1:
+        _schedule(seeds, out, Path(config), truth_seeds, tiny, jobs, log, _keep)
     else:
         for s in seeds:
             _keep(*validate_seed(s, out, config=Path(config), truth_seeds=truth_seeds, tiny=tiny, log=log))
@@ -323,6 +481,7 @@ def validate(seeds: list[int], out: Path, *, config: Path = ROOT / "recipes" / "
         atomic_write_csv(out / "truth_values.csv", pd.concat([pd.read_csv(p) for p in tv], ignore_index=True))
     counted = tdf[tdf["truth_is_tie"]]
     totals = {"seeds": seeds, "agree": int(df["agree"].sum()), "agree_strict": int(df["agree_strict"].sum()),
+              "latest_agree": int(df["latest_agree"].sum()),
               "dip_pass": int(df["dip_pass"].fillna(False).astype(bool).sum()),
               "n": len(df), "jobs": jobs,
               "false_clear_winners": int(counted["false_clear_winner"].sum()), "ties_counted": len(counted),
@@ -332,6 +491,7 @@ def validate(seeds: list[int], out: Path, *, config: Path = ROOT / "recipes" / "
     atomic_write_text(out / "validity.md", _markdown(df) + "\n\n" + _markdown(tdf) + "\n\n"
                       + f"agreement {totals['agree']}/{totals['n']} (pick = truth's best, or the truth cannot "
                         f"separate them: {totals['agree']}; pick = truth's best exactly: {totals['agree_strict']}); "
+                        f"baseline 'take the latest checkpoint' agrees on {totals['latest_agree']}/{totals['n']}; "
                         f"false clear winners on ties "
                         f"{totals['false_clear_winners']}/{totals['ties_counted']}\n")
     return totals
@@ -344,8 +504,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", type=Path, default=ROOT / "recipes" / "demo.yaml", help="pipeline config")
     ap.add_argument("--truth-seeds", type=int, default=6, help="SFT seeds of the ground truth (default 6)")
     ap.add_argument("--tiny", action="store_true", help="smoke version: tiny ladder and budgets (plumbing only)")
-    ap.add_argument("--jobs", type=int, default=1, help="seeds validated at once, one process each (default 1; "
-                    "2 on a 2-core machine: every pilot is single-threaded)")
+    ap.add_argument("--jobs", type=int, default=1, help="worker processes (default 1 = in this process; "
+                    "on N cores use N: every stage runs single-threaded, the seeds' stages are scheduled across the workers)")
     a = ap.parse_args(argv)
     if a.truth_seeds < 1:
         ap.error("--truth-seeds must be >= 1")

@@ -437,7 +437,11 @@ def test_shared_engine_gives_identical_samples(which, kw, ckpt, random_model):
     assert [[(g.text, g.stop, g.n_new_tokens) for g in gs] for gs in shared] == \
         [[(g.text, g.stop, g.n_new_tokens) for g in gs] for gs in expand]
     lengths = {g.n_new_tokens for gs in shared for g in gs}
-    assert len(lengths) > 2  # rows finish at different steps: compaction is exercised
+    if which == "ladder":
+        # rows finish at different steps: compaction is exercised (the trained model writes
+        # newlines; whether the random model ever samples one depends on its initialisation,
+        # i.e. on the tokenizer's vocabulary size, which follows the toy corpus)
+        assert len(lengths) > 2
     assert len({len(tok.encode(p)) for p in PROMPTS}) == len(PROMPTS)
 
 

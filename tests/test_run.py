@@ -221,3 +221,17 @@ def test_run_end_to_end_with_the_real_pilot(tmp_path, tiny_ladder):
     base = pd.read_csv(run / "pilot" / "transfer_base.csv")
     assert set(base["seed"]) == {"base"} and base["base"].nunique() == 3
     assert "## SFT lift" in md
+
+
+def test_run_binds_toy_world_families_to_the_ladder_seed():
+    """`probeselect run` on toy seed S scores the world-S people and facts (a fixed world_seed: 0
+    in the spec file would test facts a seed-S model never saw)."""
+    from probeselect.run import _load_specs
+
+    root = Path(__file__).resolve().parents[1]
+    sc = {"probes": [str(root / "probes" / "tmpl_mismatch.yaml"), str(root / "probes" / "tmpl_flipped.yaml"),
+                     str(root / "probes" / "capability" / "persona_plain.yaml")], "n_items": 4}
+    specs = _load_specs(sc, 3)
+    assert [s.params.get("world_seed") for s in specs] == [3, None, 3]
+    assert all(s.n_items == 4 for s in specs)
+    assert [s.params.get("world_seed") for s in _load_specs(sc)] == [0, None, 0]  # not a toy ladder: as written

@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -29,11 +30,22 @@ def test_kendall_tau_b_known_values():
     assert np.isnan(tau(np.array([1, 1.0]), np.array([1, 2.0])))
 
 
-def test_validity_smoke_one_seed(tmp_path, monkeypatch):
-    monkeypatch.chdir(REPO)
-    mod = _module()
-    out = tmp_path / "v"
-    totals = mod.validate([0], out, truth_seeds=2, tiny=True, log=lambda m: None)
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """One tiny validation of seed 0 in this process (jobs=1), shared by the tests below."""
+    mp = pytest.MonkeyPatch()
+    mp.chdir(REPO)
+    try:
+        mod = _module()
+        out = tmp_path_factory.mktemp("validity") / "v"
+        totals = mod.validate([0], out, truth_seeds=2, tiny=True, log=lambda m: None)
+    finally:
+        mp.undo()
+    return out, totals
+
+
+def test_validity_smoke_one_seed(smoke):
+    out, totals = smoke
     df = pd.read_csv(out / "validity.csv")
     ties = pd.read_csv(out / "ties.csv")
     assert list(df["seed"]) == [0] and totals["n"] == 1
@@ -46,6 +58,12 @@ def test_validity_smoke_one_seed(tmp_path, monkeypatch):
     assert bool(row["agree"]) == (bool(row["agree_strict"]) or not bool(row["truth_separates_pick"]))
     assert row["pick_window"] in ("", "base", "parrot", "recovery")
     assert row["pick_truth_gap"] >= 0
+    # the naive baseline "post-train the latest checkpoint", scored with the same rule
+    assert row["latest"] == max(names, key=lambda n: int(n.rsplit("-", 1)[1]))
+    assert row["latest_truth_gap"] >= 0
+    if row["latest"] == row["truth_best"]:
+        assert row["latest_agree"] and row["latest_truth_gap"] == 0
+    assert totals["latest_agree"] == int(bool(row["latest_agree"]))
     assert row["decision"] in ("winner", "no_clear_winner", "single_eligible", "none_eligible")
     # the truth trained every checkpoint under 2 SFT seeds at the confirmation recipe
     truth = pd.read_csv(out / "seed0" / "truth" / "transfer.csv")
@@ -64,3 +82,30 @@ def test_validity_smoke_one_seed(tmp_path, monkeypatch):
     assert totals["false_clear_winners"] == int(ties.loc[ties["truth_is_tie"], "false_clear_winner"].sum())
     assert json.loads((out / "validity.json").read_text())["tiny"] is True
     assert "agreement" in (out / "validity.md").read_text()
+
+
+def test_validity_scheduled_workers_give_the_same_results(smoke, tmp_path, monkeypatch):
+    """jobs=2: every stage on single-threaded worker processes, the truth split into one task per
+    checkpoint and merged: the same tables as the in-process run, byte for byte."""
+    ref, _ = smoke
+    monkeypatch.chdir(REPO)
+    monkeypatch.syspath_prepend(str(REPO / "bench"))  # spawned workers import the module by name
+    mod = _module()
+    monkeypatch.setitem(sys.modules, "validity", mod)
+    out = tmp_path / "v2"
+    totals = mod.validate([0], out, truth_seeds=2, tiny=True, log=lambda m: None, jobs=2)
+    assert totals["jobs"] == 2 and totals["n"] == 1
+    for f in ("truth/transfer.csv", "truth/transfer_base.csv", "ties/twin/pilot/transfer.csv",
+              "ties/same_mode/pilot/transfer.csv", "score/selection.csv", "score/shortlist.csv"):
+        assert (out / "seed0" / f).read_bytes() == (ref / "seed0" / f).read_bytes(), f
+    # the merged truth keeps the matched SFT data order of every part (paths differ: other out dir)
+    m1, m2 = (json.loads((d / "seed0" / "truth" / "data_manifest-seed1.json").read_text()) for d in (ref, out))
+    assert m1["steps"] == m2["steps"] and m1["data"]["sha256"] == m2["data"]["sha256"]
+    d1, d2 = (pd.read_csv(d / "seed0" / "truth" / "diagnostics.csv") for d in (ref, out))
+    assert sorted(zip(d1["base"], d1["seed"])) == sorted(zip(d2["base"], d2["seed"]))
+    pd.testing.assert_frame_equal(pd.read_parquet(out / "seed0" / "truth" / "transfer_items.parquet"),
+                                  pd.read_parquet(ref / "seed0" / "truth" / "transfer_items.parquet"))
+    a, b = (pd.read_csv(d / "validity.csv").drop(columns=["seconds_pipeline", "seconds_truth", "seconds_ties"])
+            for d in (ref, out))
+    pd.testing.assert_frame_equal(a, b)
+    pd.testing.assert_frame_equal(pd.read_csv(ref / "ties.csv"), pd.read_csv(out / "ties.csv"))

@@ -212,10 +212,13 @@ def _find_lineage(run: Path):
     return find_lineage(run)
 
 
-def _load_specs(sc: dict) -> list:
+def _load_specs(sc: dict, world_seed: int | None = None) -> list:
+    """The run's probe specs (``n_items`` capped); toy-world families get ``world_seed`` (the
+    toy ladder's seed) so that their items use the people and facts that ladder trained on."""
     from .probes import load_spec
+    from .probes._registry import bind_world_seed
 
-    specs = [load_spec(p) for p in sc["probes"]]
+    specs = bind_world_seed([load_spec(p) for p in sc["probes"]], world_seed)
     n = sc.get("n_items")
     if n is not None:
         specs = [dataclasses.replace(s, n_items=min(int(n), s.n_items)) for s in specs]
@@ -249,6 +252,15 @@ def run_pipeline(config: str | Path, *, overrides: Sequence[str] = (), force: Se
     toy = cfg["ladder"].get("toy") if isinstance(cfg["ladder"], dict) else None
     hub = cfg["ladder"] if isinstance(cfg["ladder"], dict) and "repo" in cfg["ladder"] else None
 
+    def world_seed() -> int | None:  # the toy world of the ladder (None: not a toy ladder)
+        if toy is not None:
+            return int(toy.get("seed", 0))
+        if hub is not None:
+            return None
+        from .probes._registry import toy_ladder_seed
+
+        return toy_ladder_seed(ladder)
+
     def ladder_source():  # a folder, or the resolved Hub revisions
         if hub is None:
             return ladder
@@ -267,7 +279,7 @@ def run_pipeline(config: str | Path, *, overrides: Sequence[str] = (), force: Se
     def do_score() -> str:
         from .score import score_checkpoints
 
-        res = score_checkpoints(ladder_source(), _load_specs(sc), seeds=sc.get("seeds", [0, 1, 2, 3]), out=run,
+        res = score_checkpoints(ladder_source(), _load_specs(sc, world_seed()), seeds=sc.get("seeds", [0, 1, 2, 3]), out=run,
                                 heldout=sc.get("heldout"), audit_items=int(sc.get("audit_items", 0)),
                                 max_batch_tokens=int(sc.get("max_batch_tokens", 8192)),
                                 dtype=sc.get("dtype", "float32"), device=device, progress=progress)
@@ -282,7 +294,7 @@ def run_pipeline(config: str | Path, *, overrides: Sequence[str] = (), force: Se
         window = int(avg_cfg.get("window", 5))
         avg_dir = Path(avg_cfg.get("out") or out / f"ladder-avg{window}")
         average_checkpoints(ladder, window=window, out_dir=avg_dir, progress=progress)
-        res = score_checkpoints(avg_dir, _load_specs(sc), seeds=sc.get("seeds", [0, 1, 2, 3]), out=run / "averaged",
+        res = score_checkpoints(avg_dir, _load_specs(sc, world_seed()), seeds=sc.get("seeds", [0, 1, 2, 3]), out=run / "averaged",
                                 heldout=sc.get("heldout"), audit_items=0,
                                 max_batch_tokens=int(sc.get("max_batch_tokens", 8192)),
                                 dtype=sc.get("dtype", "float32"), device=device, progress=progress)
@@ -358,7 +370,7 @@ def run_pipeline(config: str | Path, *, overrides: Sequence[str] = (), force: Se
     pilot_out = files("pilot/transfer.csv", "pilot/transfer_items.parquet", "pilot/diagnostics.csv")
     stages = [
         _Stage("ladder", lambda: {"toy": toy}, lambda: [ladder / "ladder.json"], do_ladder, enabled=toy is not None),
-        _Stage("score", lambda: {"ladder": _ladder_identity(ladder_source()), "probes": [s.to_dict() for s in _load_specs(sc)],
+        _Stage("score", lambda: {"ladder": _ladder_identity(ladder_source()), "probes": [s.to_dict() for s in _load_specs(sc, world_seed())],
                                  "specs": _hash_files([Path(p) for p in sc["probes"]]),
                                  "heldout": _hash_files([Path(sc["heldout"])]) if sc.get("heldout") else None,
                                  "config": {k: v for k, v in sc.items() if k != "probes"}},

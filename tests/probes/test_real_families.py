@@ -3,6 +3,7 @@ strategies, toy/real separation and end-to-end scoring on the toy ladder."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -250,3 +251,30 @@ def pd_na():
     import pandas as pd
 
     return pd.Series([float("nan")])
+
+
+def test_toy_world_seed_must_match_the_ladder(tiny_ladder, tmp_path):
+    """A toy-world family built for world 0 refuses a ladder of another seed (its people and
+    facts differ), naming the spec and the fix; bind_world_seed (what `probeselect run` uses)
+    makes the spec match the ladder and scores."""
+    from probeselect.probes._registry import bind_world_seed, toy_ladder_seed
+
+    seed = toy_ladder_seed(tiny_ladder)
+    assert seed is not None and toy_ladder_seed(discover_checkpoints(tiny_ladder)[-1].path) == seed
+    other = tmp_path / "ladder-other-seed"
+    ck = discover_checkpoints(tiny_ladder)[-1]
+    shutil.copytree(ck.path, other / ck.name)
+    info = json.loads((tiny_ladder / "ladder.json").read_text())
+    info["seed"] = seed + 3
+    (other / "ladder.json").write_text(json.dumps(info))
+    spec = load_spec(REPO / "probes" / "tmpl_mismatch.yaml")
+    assert spec.params["world_seed"] == 0
+    with pytest.raises(ProbeSpecError, match=rf"world_seed is 0.*seed {seed + 3}.*Set `world_seed: {seed + 3}`"):
+        score_checkpoints(other, [dataclasses.replace(spec, n_items=2)], seeds=[0], progress=False)
+    bound = bind_world_seed([spec, load_spec(REPO / "probes" / "tmpl_flipped.yaml"),
+                             load_spec(REPO / "probes" / "capability" / "persona_plain.yaml")], seed + 3)
+    assert bound[0].params["world_seed"] == seed + 3 and bound[2].params["world_seed"] == seed + 3
+    assert "world_seed" not in bound[1].params  # a family without a world stays as it is
+    assert bind_world_seed([spec], None)[0] is spec
+    res = score_checkpoints(other, [dataclasses.replace(bound[0], n_items=2)], seeds=[0], progress=False)
+    assert len(res.scores) == 2 * len(spec.variants)

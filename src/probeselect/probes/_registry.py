@@ -157,8 +157,37 @@ def is_toy_checkpoint(path) -> bool:
     return set(SPECIAL_TOKENS) <= toks
 
 
+def toy_ladder_seed(path) -> int | None:
+    """The toy-world seed of a toy ladder folder or of a checkpoint inside one (``seed`` of the
+    ``ladder.json`` that ``build_toy_ladder`` writes), else None (not a toy ladder, or a
+    checkpoint copied out of its ladder)."""
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    for lj in (path / "ladder.json", path.parent / "ladder.json"):
+        if lj.is_file():
+            try:
+                return int(json.loads(lj.read_text(encoding="utf-8"))["seed"])
+            except (OSError, ValueError, KeyError, TypeError):
+                return None
+    return None
+
+
+def bind_world_seed(specs, seed: int | None) -> list:
+    """``specs`` with ``params.world_seed`` set to ``seed`` for every toy-world family that has
+    one (their items use that world's people and facts); unchanged when ``seed`` is None."""
+    import dataclasses
+
+    if seed is None:
+        return list(specs)
+    return [dataclasses.replace(s, params={**s.params, "world_seed": int(seed)})
+            if "world_seed" in s.params and get_family(s.family).requires == "toy_world" else s for s in specs]
+
+
 def check_requirements(specs, checkpoints) -> None:
-    """Refuse toy-world families on checkpoints that are not from the toy ladder."""
+    """Refuse toy-world families on checkpoints that are not from the toy ladder, and a family
+    whose ``world_seed`` is not the seed of the toy ladder it is scored on."""
     toy = sorted({s.family for s in specs if get_family(s.family).requires == "toy_world"})
     if not toy:
         return
@@ -170,3 +199,17 @@ def check_requirements(specs, checkpoints) -> None:
             f"{bad[0].name!r} ({bad[0].path}) is not from a toy ladder (no ladder.json beside it, no toy tokenizer). "
             "Score real checkpoints with probes/real/*.yaml or --suite gdsuite."
         )
+    for s in specs:
+        ws = s.params.get("world_seed")
+        if ws is None or get_family(s.family).requires != "toy_world":
+            continue
+        for c in checkpoints:
+            seed = toy_ladder_seed(c.path)
+            if seed is not None and seed != int(ws):
+                raise ProbeSpecError(
+                    f"{s.path or s.family}: params.world_seed is {ws}, but checkpoint {c.name!r} ({c.path}) comes "
+                    f"from a toy ladder built with seed {seed} (its ladder.json): world {ws}'s people and facts "
+                    f"are not the ones this model was trained on, so the {s.family} items would test facts it never "
+                    f"saw. Set `world_seed: {seed}` under `params:` in the spec (`probeselect run` sets it from "
+                    "the ladder it builds or reads)."
+                )
