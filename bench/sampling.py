@@ -2,7 +2,7 @@
 
 Run: python bench/sampling.py [--model toy|58m|both] [--ladder DIR] [--prompts 16] [--n 200] [--max-new-tokens 16]
                               [--engine shared|expand] [--no-hf] [--no-check] [--persona-items K]
-                              [--spec probes/persona_qa.yaml] [--no-share-prefix] [--share-check]
+                              [--spec probes/persona_qa.yaml] [--no-share-prefix] [--share-check] [--repeat 3]
 
 Same prompts (the items of ``--spec``, evaluation seed 0: by default the shipped persona_qa
 items, which share almost no prompt prefix; ``--spec probes/real/persona.yaml`` gives 15
@@ -22,9 +22,11 @@ toggled and counts the identical samples. ``--persona-items K`` also times
 (all three variants, evaluation seed 0) with ``--n`` samples each (toy model only).
 Models: ``toy`` is the last checkpoint of a toy ladder (``--ladder``; ``probeselect
 toy-ladder DIR`` builds one), ``58m`` the randomly initialised 58M-parameter Llama of
-bench/scoring.py with that script's tokenizer trained on the prompts. Each side runs once
-after a small warm-up, probeselect first; prints samples/s, the ratio, mean new tokens per
-sample, peak RSS and the load average. Torch uses its default thread count unless
+bench/scoring.py with that script's tokenizer trained on the prompts. After a small
+warm-up, probeselect runs ``--repeat`` times (default 3; with ``--share-check`` sharing on
+and off alternate, the order flipping each round) and its median time is reported; the
+other engine and HF generate run once each; prints samples/s, the ratio, mean new tokens
+per sample, peak RSS and the load average. Torch uses its default thread count unless
 ``--threads`` is given.
 """
 
@@ -33,6 +35,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -86,24 +89,37 @@ def run(name, model, tok, prompts, args):
     print(f"[{name}] params={n_params/1e6:.2f}M prompts={len(prompts)} n={args.n} max_new_tokens={args.max_new_tokens} "
           f"mean prompt {sum(len(tok.encode(p)) for p in prompts)/len(prompts):.0f} tokens "
           f"threads={torch.get_num_threads()}", flush=True)
-    st: dict = {}
-    gens, t_ours = _timed(lambda: sample_generations(model, tok, prompts, engine=args.engine, stats=st,
-                                                     min_shared_prefix=share, **kw))
+    # sharing on and off (with --share-check) alternate over --repeat rounds, the order flipping
+    # each round, so neither side pays the first full-size run's allocations; medians are reported
+    flip = (MIN_SHARED_PREFIX if args.no_share_prefix else 0) if args.share_check else None
+    runs: dict = {share: [], flip: []}
+    outs: dict = {}
+    for r in range(max(1, args.repeat)):
+        order = [share] if flip is None else ([share, flip] if r % 2 == 0 else [flip, share])
+        for m in order:
+            st: dict = {}
+            g, t = _timed(lambda: sample_generations(model, tok, prompts, engine=args.engine, stats=st,
+                                                     min_shared_prefix=m, **kw))
+            runs[m].append(t)
+            outs[m] = (g, st)
+    t_ours = statistics.median(runs[share])
+    gens, st = outs[share]
     ours_new = sum(g.n_new_tokens for gs in gens for g in gs) / total
+    reps = f"median of {len(runs[share])}" if len(runs[share]) > 1 else "one run"
     print(f"  probeselect ({args.engine}, prefix sharing {share_txt}) : {total/t_ours:8.1f} samples/s "
-          f"({t_ours:.2f} s; {ours_new:.2f} new tokens/sample)", flush=True)
+          f"({t_ours:.2f} s, {reps}; {ours_new:.2f} new tokens/sample)", flush=True)
     print(f"  prefill tokens: {st['prefill_tokens']} of {st['prompt_tokens']} prompt tokens "
           f"({st['prefill_tokens']/st['prompt_tokens']:.1%}; {st['shared_groups']} prefix groups holding "
           f"{st['shared_prompts']} of {st['prompts']} prompts)", flush=True)
-    if args.share_check:
-        flip = MIN_SHARED_PREFIX if args.no_share_prefix else 0
-        st2: dict = {}
-        ref, t_flip = _timed(lambda: sample_generations(model, tok, prompts, engine=args.engine, stats=st2,
-                                                        min_shared_prefix=flip, **kw))
+    if flip is not None:
+        ref, st2 = outs[flip]
+        t_flip = statistics.median(runs[flip])
         same = sum(a == b and a.stop == b.stop for xs, ys in zip(gens, ref) for a, b in zip(xs, ys))
         print(f"  probeselect ({args.engine}, prefix sharing {'on' if flip else 'off'}) : {total/t_flip:8.1f} "
-              f"samples/s ({t_flip:.2f} s; {st2['prefill_tokens']} prefill tokens); "
-              f"sharing off/on time = {(t_flip / t_ours) if flip == 0 else (t_ours / t_flip):.2f}x; "
+              f"samples/s ({t_flip:.2f} s, {reps}; {st2['prefill_tokens']} prefill tokens); "
+              f"sharing off/on time = {(t_flip / t_ours) if flip == 0 else (t_ours / t_flip):.2f}x "
+              f"(rounds: on {' '.join(f'{x:.2f}' for x in runs[flip if flip else share])} s, "
+              f"off {' '.join(f'{x:.2f}' for x in runs[share if flip else flip])} s); "
               f"identical samples {same}/{total}", flush=True)
     if not args.no_check:
         ref, t_other = _timed(lambda: sample_generations(model, tok, prompts, engine=other,
@@ -157,6 +173,9 @@ def main() -> None:
     ap.add_argument("--no-share-prefix", action="store_true",
                     help="prefill every prompt in full (min_shared_prefix=0); by default prompts sharing a token "
                          f"prefix of >= {MIN_SHARED_PREFIX} tokens prefill it once")
+    ap.add_argument("--repeat", type=int, default=3, metavar="R",
+                    help="time probeselect R times (with --share-check: R rounds of sharing on and off, "
+                         "alternating) and report the median (default 3); the other engine and HF run once")
     ap.add_argument("--share-check", action="store_true",
                     help="also time --engine with prefix sharing toggled and count identical samples")
     args = ap.parse_args()
