@@ -55,6 +55,22 @@ def random_model(tok):
     return LlamaForCausalLM(cfg).eval()
 
 
+@pytest.fixture(scope="module")
+def random_model64(random_model):
+    """A float64 copy of ``random_model`` for the tests that compare samples *exactly* across
+    batch layouts, engines or prefix sharing. Those change only floating-point rounding; in
+    float32 this random model spreads its next-token probability widely, and a uniform draw
+    then lands within float32 rounding of a boundary of the cumulative distribution about
+    once in a few hundred samples (observed: 1 of 140 in the prompt-order test once the toy
+    vocabulary grew by one token), which flips that sample without any bug. In float64 the
+    rounding is ~1e-16 and such ties do not occur at these sample counts. The float32 path is
+    compared exactly on the trained ladder checkpoint (``which="ladder"``) and within
+    tolerances on this model (the logit tests)."""
+    import copy
+
+    return copy.deepcopy(random_model).double()
+
+
 class _Script:
     """Make ``model`` deterministic: next token = ``table[last input token]`` (others -inf-ish).
 
@@ -385,20 +401,20 @@ def test_summarize_audit_hand_computed():
     assert math.isnan(s3.iloc[0].p_task_given_correct) and s3.iloc[0].agree_correct == pytest.approx(3 / 6)
 
 
-def test_samples_do_not_depend_on_batch_composition(random_model, tok):
+def test_samples_do_not_depend_on_batch_composition(random_model64, tok):
     """Sample j of prompt i is the same whatever the prompt batch, the decode-row cap and
     the compaction threshold (per-(seed, item) generators, pre-drawn uniforms)."""
     kw = dict(n=12, max_new_tokens=6, temperature=1.0, seed=3)
     seeds = [101, 202, 303, 404]
-    ref = sample_generations(random_model, tok, PROMPTS[:4], batch_prompts=8, prompt_seeds=seeds, **kw)
+    ref = sample_generations(random_model64, tok, PROMPTS[:4], batch_prompts=8, prompt_seeds=seeds, **kw)
     for batch_prompts, max_rows, compact in ((1, None, 0.25), (3, 7, 0.5), (2, 1, 1.0)):
-        got = sample_generations(random_model, tok, PROMPTS[:4], batch_prompts=batch_prompts, max_rows=max_rows,
+        got = sample_generations(random_model64, tok, PROMPTS[:4], batch_prompts=batch_prompts, max_rows=max_rows,
                                  compact_fraction=compact, prompt_seeds=seeds, **kw)
         assert got == ref
     # a prompt keeps its samples in another list (same prompt seed), alone or reordered
-    alone = sample_generations(random_model, tok, [PROMPTS[2]], prompt_seeds=[303], **kw)
+    alone = sample_generations(random_model64, tok, [PROMPTS[2]], prompt_seeds=[303], **kw)
     assert alone[0] == ref[2]
-    swapped = sample_generations(random_model, tok, PROMPTS[:4][::-1], prompt_seeds=seeds[::-1], **kw)
+    swapped = sample_generations(random_model64, tok, PROMPTS[:4][::-1], prompt_seeds=seeds[::-1], **kw)
     assert swapped[::-1] == ref
 
 
@@ -427,10 +443,10 @@ def test_sampling_progress_bar_and_object(random_model, tok):
 
 @pytest.mark.parametrize("which", ["ladder", "random"])
 @pytest.mark.parametrize("kw", [{}, {"max_rows": 37, "compact_fraction": 0.05}, {"batch_prompts": 2}])
-def test_shared_engine_gives_identical_samples(which, kw, ckpt, random_model):
+def test_shared_engine_gives_identical_samples(which, kw, ckpt, random_model64):
     """Same pre-drawn uniforms, same attention up to rounding: the same sample, sample for
     sample, across prompts of different lengths (left padding) and rows that finish early."""
-    model, tok = (ckpt if which == "ladder" else (random_model, ckpt[1]))
+    model, tok = (ckpt if which == "ladder" else (random_model64, ckpt[1]))
     args = dict(n=40, max_new_tokens=10, seed=5, **kw)
     shared = sample_generations(model, tok, PROMPTS, engine="shared", **args)
     expand = sample_generations(model, tok, PROMPTS, engine="expand", **args)
@@ -601,11 +617,11 @@ def _outcomes(gens):
 
 @pytest.mark.parametrize("engine", ["shared", "expand"])
 @pytest.mark.parametrize("which", ["ladder", "random"])
-def test_prefix_sharing_gives_identical_samples(which, engine, ckpt, random_model):
+def test_prefix_sharing_gives_identical_samples(which, engine, ckpt, random_model64):
     """Sharing the prefill of a common prefix (on by default) gives the same samples, sample
     for sample, as prefilling every prompt in full; prefix and other prompts mixed in one call
     and in one batch (batch_prompts=3 splits the group)."""
-    model, tok = (ckpt if which == "ladder" else (random_model, ckpt[1]))
+    model, tok = (ckpt if which == "ladder" else (random_model64, ckpt[1]))
     assert len(tok.encode(FACTS)) >= 32
     kw = dict(n=30, max_new_tokens=8, seed=4, engine=engine, batch_prompts=3)
     on, off = {}, {}
@@ -672,35 +688,35 @@ def test_prefix_sharing_prefill_logits_match(ckpt, random_model):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-4)
 
 
-def test_prefix_sharing_does_not_depend_on_prompt_order(random_model, tok):
+def test_prefix_sharing_does_not_depend_on_prompt_order(random_model64, tok):
     """With prompt seeds, a prompt's samples do not depend on where it is in the list (which
     changes the groups' batches) nor on batch_prompts."""
     seeds = [11 * (k + 1) for k in range(len(SHARED_PROMPTS))]
     kw = dict(n=20, max_new_tokens=6, seed=0)
-    ref = sample_generations(random_model, tok, SHARED_PROMPTS, prompt_seeds=seeds, **kw)
+    ref = sample_generations(random_model64, tok, SHARED_PROMPTS, prompt_seeds=seeds, **kw)
     for perm, bp in (([6, 5, 4, 3, 2, 1, 0], 8), ([3, 0, 5, 1, 6, 2, 4], 2), ([2, 4, 0, 5, 1, 3, 6], 1)):
-        got = sample_generations(random_model, tok, [SHARED_PROMPTS[k] for k in perm], batch_prompts=bp,
+        got = sample_generations(random_model64, tok, [SHARED_PROMPTS[k] for k in perm], batch_prompts=bp,
                                  prompt_seeds=[seeds[k] for k in perm], **kw)
         assert [got[perm.index(k)] for k in range(len(perm))] == ref
     # a grouped prompt alone (no group) keeps its samples
-    alone = sample_generations(random_model, tok, [SHARED_PROMPTS[2]], prompt_seeds=[seeds[2]], **kw)
+    alone = sample_generations(random_model64, tok, [SHARED_PROMPTS[2]], prompt_seeds=[seeds[2]], **kw)
     assert alone[0] == ref[2]
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
-def test_prefix_sharing_edge_cases(random_model, tok, arch):
+def test_prefix_sharing_edge_cases(random_model64, tok, arch):
     """A prompt that is exactly the shared prefix, identical prompts, one-token prompts and a
     group larger than batch_prompts (its prefix still runs once): same samples as without
     sharing; a model with absolute position embeddings (gpt2, expand engine) too."""
     import warnings
 
-    model = random_model
+    model = random_model64
     if arch == "gpt2":
         from transformers import GPT2Config, GPT2LMHeadModel
 
         torch.manual_seed(0)
         model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=2, n_positions=256,
-                                           bos_token_id=0, eos_token_id=1, pad_token_id=2)).eval()
+                                           bos_token_id=0, eos_token_id=1, pad_token_id=2)).eval().double()
     prompts = [FACTS, FACTS + "Q: Where do you live? A:", "", FACTS + "Q: Where do you live? A:",
                FACTS + "Q: What pet do you have? A:", "", FACTS + "Q: What is your job? A:", "a",
                FACTS + "Q: What is your job? A: I am", FACTS + "Q: What is your job? A: I am a",
