@@ -207,9 +207,10 @@ def _merge_truth(truth_dir: Path, checkpoints: list[str]) -> None:
             atomic_write_csv(truth_dir / name, df)
 
 
-def _tie_bases(seed: int, out_root: Path, config: Path, tiny: bool) -> tuple[list[tuple[str, list[str], bool]], dict]:
-    """The two planted ties of a seed (name, base paths, whether the truth itself calls it a tie)
-    and context for the row; needs the merged truth."""
+def _tie_bases(seed: int, out_root: Path, config: Path, tiny: bool) -> list[tuple[str, list[str], bool]]:
+    """The two planted ties of a seed (name, base paths, whether the truth itself calls it a tie);
+    needs the merged truth. (The row ranks the truth again in the main process: a bootstrap of a
+    few seconds, cheaper than passing the ranking between processes.)"""
     from probeselect.checkpoints import discover_checkpoints
 
     out = out_root / f"seed{seed}"
@@ -222,7 +223,7 @@ def _tie_bases(seed: int, out_root: Path, config: Path, tiny: bool) -> tuple[lis
     twin = out / "ties" / "twin" / "bases" / f"twin-of-{src.name}"
     return [("twin", [str(src.path), str(twin)], True),
             ("same_mode", [str(c.path) for c in last2],
-             _rank(out / "truth", spec_truth, [c.name for c in last2]).verdict != "winner")], {"src": str(src.path)}
+             _rank(out / "truth", spec_truth, [c.name for c in last2]).verdict != "winner")]
 
 
 def _stage_tie(seed: int, out_root: Path, config: Path, tiny: bool, name: str, bases: list[str]) -> float:
@@ -347,7 +348,7 @@ def validate_seed(seed: int, out_root: Path, *, config: Path, truth_seeds: int, 
     for c in p["checkpoints"]:
         secs["truth"] += _stage_truth(seed, out_root, config, tiny, truth_seeds, c)
     _merge_truth(out_root / f"seed{seed}" / "truth", p["checkpoints"])
-    ties_spec, _ = _tie_bases(seed, out_root, config, tiny)
+    ties_spec = _tie_bases(seed, out_root, config, tiny)
     for name, bases, _tie in ties_spec:
         log(f"[seed {seed}] tie {name}: {[Path(b).name for b in bases]}")
         secs["ties"] += _stage_tie(seed, out_root, config, tiny, name, bases)
@@ -440,7 +441,7 @@ def _schedule(seeds, out: Path, config: Path, truth_seeds: int, tiny: bool, jobs
                     left[s].discard(what)
                     if not left[s]:
                         _merge_truth(out / f"seed{s}" / "truth", ckpts_of[s])
-                        spec, _ = _tie_bases(s, out, config, tiny)
+                        spec = _tie_bases(s, out, config, tiny)
                         ties_of[s] = spec
                         left[s] = {name for name, _, _ in spec}
                         for name, bases, _tie in spec:

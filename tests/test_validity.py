@@ -109,3 +109,27 @@ def test_validity_scheduled_workers_give_the_same_results(smoke, tmp_path, monke
             for d in (ref, out))
     pd.testing.assert_frame_equal(a, b)
     pd.testing.assert_frame_equal(pd.read_csv(ref / "ties.csv"), pd.read_csv(out / "ties.csv"))
+
+
+def test_merge_truth_concatenates_matched_parts_and_refuses_unmatched(tmp_path):
+    """The truth is trained one checkpoint per worker; the merge must refuse parts whose SFT data
+    differ (the matched-pilot guarantee), not silently concatenate them."""
+    merge = _module()._merge_truth
+    truth = tmp_path / "truth"
+    for name, acc in (("checkpoint-100", 0.5), ("checkpoint-200", 0.7)):
+        part = truth / "parts" / name
+        part.mkdir(parents=True)
+        (part / "data_manifest-seed0.json").write_text('{"sha256": "abc"}', encoding="utf-8")
+        pd.DataFrame({"base": [name], "seed": [0], "task_accuracy": [acc]}).to_csv(part / "transfer.csv", index=False)
+    merge(truth, ["checkpoint-100", "checkpoint-200"])
+    merged = pd.read_csv(truth / "transfer.csv")
+    assert merged["base"].tolist() == ["checkpoint-100", "checkpoint-200"]
+    assert merged["task_accuracy"].tolist() == [0.5, 0.7]
+    assert (truth / "data_manifest-seed0.json").read_text(encoding="utf-8") == '{"sha256": "abc"}'
+
+    (truth / "parts" / "checkpoint-200" / "data_manifest-seed0.json").write_text('{"sha256": "def"}', encoding="utf-8")
+    with pytest.raises(RuntimeError, match=r"checkpoint-200: its SFT data manifests differ .*Delete"):
+        merge(truth, ["checkpoint-100", "checkpoint-200"])
+    (truth / "parts" / "checkpoint-200" / "data_manifest-seed0.json").unlink()
+    with pytest.raises(RuntimeError, match="differ"):
+        merge(truth, ["checkpoint-100", "checkpoint-200"])
