@@ -252,13 +252,19 @@ def test_leaking_transfer_suites_are_refused_before_training(tiny_ladder, ladder
 
 def test_two_fresh_pilots_give_identical_numbers(tiny_ladder, ladder_checkpoints, tmp_path):
     """Fixed thread count, seeds and deterministic algorithms: a rerun into a new folder reproduces
-    every transfer number and the adapter weights byte for byte."""
+    every transfer number, the adapter weights and the saved training states byte for byte."""
+    import random
+
+    import numpy as np
     import torch
 
     recipe = small_recipe(tiny_ladder, budget={"optimizer_steps": 3}, seeds=[1])
     outs = [tmp_path / "a", tmp_path / "b"]
     before = torch.get_num_threads()
-    for o in outs:
+    for k, o in enumerate(outs):
+        # as two fresh processes would: different Python and NumPy global RNG states before each run
+        random.seed(1000 + k)
+        np.random.seed(1000 + k)
         run_pilot([ladder_checkpoints[-1]], recipe, o, progress=False, device="cpu")
     assert torch.get_num_threads() == before  # restored afterwards
     a, b = (pd.read_csv(o / "transfer.csv") for o in outs)
@@ -266,3 +272,10 @@ def test_two_fresh_pilots_give_identical_numbers(tiny_ladder, ladder_checkpoints
     name = ladder_checkpoints[-1].name
     wa, wb = ((o / name / "seed1" / "adapter" / "adapter_model.safetensors").read_bytes() for o in outs)
     assert wa == wb
+    # the saved training states too, RNG streams included (Python's and NumPy's global
+    # generators are seeded by the run, not inherited from whatever the process did before)
+    states = [sorted((o / name / "seed1" / "state").rglob("*.pt")) for o in outs]
+    assert states[0] and [p.relative_to(outs[0]) for p in states[0]] == [p.relative_to(outs[1]) for p in states[1]]
+    assert any(p.name.startswith("rng-") for p in states[0])
+    for pa, pb in zip(*states):
+        assert pa.read_bytes() == pb.read_bytes(), pa.relative_to(outs[0])

@@ -34,6 +34,7 @@ import contextlib
 import datetime as _dt
 import json
 import math
+import random
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -223,7 +224,14 @@ def train(base: str | Path, recipe: Recipe, seed: int, run_dir: str | Path, *, m
     acc.wait_for_everyone()
 
     model = _build_model(Path(base), recipe, seed, acc.device)
-    torch.manual_seed(_train_seed(seed, rank))  # dropout stream (restored from the state on resume)
+    # Every RNG stream of the process starts from the run's seed (as transformers.set_seed does):
+    # torch drives dropout; Python's and NumPy's global generators are seeded too, so nothing
+    # that draws from them depends on the process's history, and the saved training states
+    # (which hold all three, restored on resume) are byte-identical between fresh runs.
+    train_seed = _train_seed(seed, rank)
+    random.seed(train_seed)
+    np.random.seed(train_seed % 2**32)
+    torch.manual_seed(train_seed)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     params = [p for _, p in named]
     groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": opt_cfg.weight_decay},
