@@ -755,3 +755,38 @@ def test_prefix_sharing_edge_cases(random_model64, tok, arch):
                                                              engine=kw["engine"], min_shared_prefix=0))
     with pytest.raises(ValueError, match="min_shared_prefix"):
         sample_generations(model, tok, prompts[:1], n=2, min_shared_prefix=-1)
+
+
+def test_prefix_sharing_respects_sliding_windows(random_model, tok):
+    """HF's sliding masks and sliding cache layers count cache slots, not positions, and a batch
+    with a shared prefix lays its rows out as [prefix | padding | rest]: up to (longest shared
+    prefix + longest prompt) slots before the new tokens. A window shorter than that turns
+    grouping off (same samples, nothing shared); a window that covers it keeps it on. A long
+    ungrouped prompt shares a batch with the group's last member, so the batch is that wide."""
+    import copy
+
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from probeselect.generation import _prefix_groups
+
+    new = 6
+    prompts = SHARED_PROMPTS + ["Cy is a chef from Rome. He has a dog. He likes tennis. His favourite colour is blue.\n"
+                                "Di is a nurse from Kyiv. She has a fish.\nQ: Where"]
+    enc = [tok.encode(p) for p in prompts]
+    longest = max(map(len, enc))
+    shared = max(g[0] for g in _prefix_groups(random_model, enc, 16, new))
+    assert shared >= 16 and len(enc[-1]) > shared
+    for window, grouped in ((longest + new + shared // 2, False), (shared + longest + new, True)):
+        torch.manual_seed(0)
+        cfg = MistralConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                            sliding_window=window, initializer_range=0.3, bos_token_id=0, eos_token_id=1,
+                            pad_token_id=2)
+        model = MistralForCausalLM(cfg).eval().double()
+        assert bool(_prefix_groups(model, enc, 16, new)) is grouped
+        on, off = {}, {}
+        kw = dict(n=10, max_new_tokens=new, seed=2, batch_prompts=3)
+        got = sample_generations(model, tok, prompts, stats=on, **kw)
+        ref = sample_generations(copy.deepcopy(model), tok, prompts, stats=off, min_shared_prefix=0, **kw)
+        assert _outcomes(got) == _outcomes(ref)
+        assert (on["shared_groups"] > 0) is grouped and off["shared_groups"] == 0

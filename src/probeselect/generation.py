@@ -305,18 +305,20 @@ def _prefix_groups(model, encoded: Sequence[Sequence[int]], min_shared: int,
     member indices)``, ``shared length >= min_shared`` and shorter than every member (each
     member keeps at least its last token to prefill), sorted by shared length (longest
     first). None when ``min_shared`` is 0, or when the model has a sliding attention window
-    shorter than the longest prompt plus ``max_new_tokens`` (the prefix-then-padding cache
-    layout does not keep a window's positions)."""
-    from .spans import prefix_clusters
+    that a batch's cache could outgrow: a batch lays its rows out as ``[prefix | padding |
+    rest]`` in cache slots, up to (longest shared prefix) + (longest prompt) slots before
+    ``max_new_tokens`` decode slots, and HF's sliding masks and sliding cache layers count
+    slots, not positions."""
+    from .spans import attention_window, prefix_clusters
 
     if min_shared <= 0 or len(encoded) < 2:
         return []
-    cfg = model.config
-    window = getattr(cfg, "sliding_window", None)
-    if window is not None and getattr(cfg, "use_sliding_window", True) and \
-            window < max(map(len, encoded)) + max_new_tokens:
-        return []
     groups = prefix_clusters(encoded, range(len(encoded)), min_shared=min_shared)
+    if not groups:
+        return []
+    window = attention_window(model.config)
+    if window is not None and window < max(g[0] for g in groups) + max(map(len, encoded)) + max_new_tokens:
+        return []
     return sorted(groups, key=lambda g: (-g[0], g[1][0]))
 
 

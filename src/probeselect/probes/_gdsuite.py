@@ -501,13 +501,14 @@ def persona_prompts(spec: FamilySpec, seeds) -> list[dict]:
 
 
 def gdsuite_persona_table(model, tokenizer, spec: FamilySpec, seeds, *, batch_prompts: int = 8,
-                          min_shared_prefix: int = 16):
+                          min_shared_prefix: int | None = None):
     """GDsuite's persona protocol: ``n_samples`` generations per (seed, persona, question).
 
     Samples come from :func:`probeselect.generation.sample_generations` (full softmax at
     ``temperature``; 0 = greedy), each drawn from a stream determined by (seed, persona,
     question id). The questions of a (seed, persona) share its fact pool as a prompt prefix,
-    which is prefilled once per group (``min_shared_prefix``; 0 = off). A response is the
+    which is prefilled once per group (``min_shared_prefix``, default
+    :data:`probeselect.generation.MIN_SHARED_PREFIX`; 0 = off). A response is the
     generated text up to its first newline (or EOS),
     stripped; it matches when ``re.search(expected_answer_regex, response, re.IGNORECASE)``
     finds the regex, as in GDsuite. GDsuite stops at ``"\\nQ:"``/``"\\n\\nQ:"`` instead,
@@ -523,8 +524,10 @@ def gdsuite_persona_table(model, tokenizer, spec: FamilySpec, seeds, *, batch_pr
 
     from .._io import canonical_json_hash as _h
     from ..errors import ScoringError
-    from ..generation import sample_generations
+    from ..generation import MIN_SHARED_PREFIX, sample_generations
 
+    if min_shared_prefix is None:
+        min_shared_prefix = MIN_SHARED_PREFIX
     p = spec.params
     recs = persona_prompts(spec, seeds)
     pseeds = [int(_h([r["seed"], r["variant"], r["test_id"]])[:15], 16) for r in recs]
