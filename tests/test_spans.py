@@ -255,3 +255,50 @@ def test_prefix_reuse_flags_reach_the_scorer(tiny_ladder, monkeypatch, tmp_path)
     assert rc == 0 and seen and set(seen) == {(False, 77)}
     with pytest.raises(UsageError, match="max-prefix-cache-tokens"):
         score_mod.score_checkpoints(str(ckpt), [str(spec)], max_prefix_cache_tokens=0)
+
+
+def test_attention_window_reads_the_config():
+    from transformers import MistralConfig, Qwen2Config
+
+    assert spans.attention_window(MistralConfig(sliding_window=8)) == 8
+    assert spans.attention_window(MistralConfig(sliding_window=None)) is None
+    assert spans.attention_window(Qwen2Config(sliding_window=8, use_sliding_window=False)) is None
+    assert spans.attention_window(Qwen2Config(sliding_window=8, use_sliding_window=True, num_hidden_layers=2,
+                                              max_window_layers=0)) == 8
+
+
+@pytest.mark.parametrize("prefix_reuse", [True, False])
+def test_sliding_window_model_scores_like_its_own_forward(final_model, prefix_reuse, monkeypatch):
+    """The packed layout's custom mask bypasses a model's sliding window, so groups longer than
+    the window are scored one sequence per candidate (under the model's own masks) and the
+    others stay packed; every log-prob equals a plain forward of the request. (Before the fix,
+    with a window of 8 on these prompts, packed log-probs were up to 7.3 nats off.)"""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    _, tok = final_model
+    facts = ("Ana is a baker from Oslo. She has a cat. She likes chess. Her favourite colour is red.\n"
+             "Bo is a pilot from Lima. He has an owl. He likes golf.\n")
+    ctxs = [facts + q for q in ("Q: Where do you live? A:", "Q: What pet do you have? A:",
+                                "Q: What is your job? A:")] + ["12 + 5 =", "7 - 2 ="]
+    window = 12
+    torch.manual_seed(0)
+    model = MistralForCausalLM(MistralConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, sliding_window=window, initializer_range=0.3,
+        bos_token_id=0, eos_token_id=1, pad_token_id=2, attn_implementation="sdpa")).eval()
+    groups = [spans.group_pairs([encode_pair(tok, c, " Oslo"), encode_pair(tok, c, " 17 apples")]) for c in ctxs]
+    long = [len(g.context_ids) + max(map(len, g.continuations)) > window for g in groups]
+    assert long == [True, True, True, False, False]
+    sent = []
+    real = spans.score_pairs
+    monkeypatch.setattr(spans, "score_pairs", lambda m, pairs, **kw: sent.append(len(pairs)) or real(m, pairs, **kw))
+    got = spans.score_groups(model, groups, prefix_reuse=prefix_reuse)
+    assert sent == [6]  # the three long groups' candidates; the two short groups stayed packed
+    for g, scores in zip(groups, got):
+        for cont, sc in zip(g.continuations, scores):
+            ids = torch.tensor([list(g.context_ids) + list(cont)])
+            with torch.no_grad():
+                lp = torch.log_softmax(model(ids).logits.float(), -1)[0]
+            n = len(g.context_ids)
+            ref = sum(lp[n - 1 + k, t].item() for k, t in enumerate(cont))
+            assert sc.logprob == pytest.approx(ref, abs=1e-4)

@@ -46,8 +46,10 @@ def unsupported_reason(model, total_length: int) -> str | None:
     model_type = getattr(cfg, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
         return f"model_type {model_type!r} is not one of {', '.join(SUPPORTED_MODEL_TYPES)}"
-    window = getattr(cfg, "sliding_window", None)
-    if window is not None and getattr(cfg, "use_sliding_window", True) and window < total_length:
+    from .spans import attention_window
+
+    window = attention_window(cfg)
+    if window is not None and window < total_length:
         return f"its sliding attention window ({window}) is shorter than prompt + new tokens ({total_length})"
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None or not all(hasattr(getattr(l, "self_attn", None), "layer_idx") for l in layers):

@@ -116,6 +116,27 @@ def _model_max_length(model) -> int:
     return 2048
 
 
+def attention_window(config) -> int | None:
+    """The smallest sliding attention window of any layer of a model with ``config``, or None
+    when every layer attends to the whole context.
+
+    Reads ``sliding_window`` (Mistral, Qwen2/3, Gemma 2/3, Phi-3, ...) and honours
+    ``use_sliding_window: false`` (Qwen2's default) and ``layer_types`` without any
+    ``"sliding_attention"`` layer. A model with a window applies it in its own attention
+    masks, keyed on cache slots; custom 4D masks (packed scoring) and hand-built cache layouts
+    bypass it, so callers keep such layouts to sequences no longer than the window.
+    """
+    get_text = getattr(config, "get_text_config", None)
+    cfg = get_text() if callable(get_text) else config
+    window = getattr(cfg, "sliding_window", None)
+    if not isinstance(window, int) or window <= 0 or getattr(cfg, "use_sliding_window", True) is False:
+        return None
+    layer_types = getattr(cfg, "layer_types", None)
+    if layer_types is not None and not any("sliding" in str(t) for t in layer_types):
+        return None
+    return window
+
+
 def _head_only_supported(model) -> bool:
     """Whether logits == lm_head(decoder hidden state) exactly for this model.
 
@@ -530,23 +551,54 @@ def score_groups(
     to float rounding.
 
     Falls back to :func:`score_pairs` (one sequence per candidate) for attention
-    kernels that take no custom mask. Returns, per group, one :class:`SpanScore` per
+    kernels that take no custom mask, and, on a model with a sliding attention window
+    (:func:`attention_window`), for the groups longer than the window (a custom mask
+    bypasses the model's window rule). Returns, per group, one :class:`SpanScore` per
     candidate in the group's order.
     """
     if max_prefix_cache_tokens < 1:
         raise ValueError("max_prefix_cache_tokens must be >= 1")
     mode = _packing_mode(model)
+    window = attention_window(model.config)
+    if window is not None and mode is not None and _head_only_supported(model):
+        # The packed layout's custom mask bypasses the model's sliding window: groups longer
+        # than the window are scored one sequence per candidate, under the model's own masks.
+        long = [i for i, g in enumerate(groups) if len(g.context_ids) + max(map(len, g.continuations)) > window]
+        if long:
+            short = [i for i in range(len(groups)) if i not in set(long)]
+            kw = dict(max_batch_tokens=max_batch_tokens, max_length=max_length, device=device, progress=progress,
+                      prefix_reuse=prefix_reuse, max_prefix_cache_tokens=max_prefix_cache_tokens,
+                      min_shared_prefix=min_shared_prefix)
+            by_index = dict(zip(long, _score_unpacked(model, [groups[i] for i in long], max_batch_tokens,
+                                                      max_length, device, progress)))
+            if short:
+                by_index.update(zip(short, _score_packed(model, [groups[i] for i in short], mode=mode, **kw)))
+            return [by_index[i] for i in range(len(groups))]
     if mode is None or not _head_only_supported(model):
-        flat = [EncodedPair(g.context_ids, c) for g in groups for c in g.continuations]
-        scores = score_pairs(model, flat, batch_size=max(1, max_batch_tokens // 512), max_length=max_length, device=device)
-        out, k = [], 0
-        for g in groups:
-            out.append(scores[k : k + len(g.continuations)])
-            k += len(g.continuations)
-        if progress is not None:
-            progress.update(len(groups))
-        return out
+        return _score_unpacked(model, groups, max_batch_tokens, max_length, device, progress)
+    return _score_packed(model, groups, max_batch_tokens=max_batch_tokens, max_length=max_length, device=device,
+                         progress=progress, prefix_reuse=prefix_reuse, max_prefix_cache_tokens=max_prefix_cache_tokens,
+                         min_shared_prefix=min_shared_prefix, mode=mode)
 
+
+def _score_unpacked(model, groups: Sequence[EncodedGroup], max_batch_tokens: int, max_length, device, progress
+                    ) -> list[list[SpanScore]]:
+    """One sequence per candidate (:func:`score_pairs`), regrouped."""
+    flat = [EncodedPair(g.context_ids, c) for g in groups for c in g.continuations]
+    scores = score_pairs(model, flat, batch_size=max(1, max_batch_tokens // 512), max_length=max_length, device=device)
+    out, k = [], 0
+    for g in groups:
+        out.append(scores[k : k + len(g.continuations)])
+        k += len(g.continuations)
+    if progress is not None:
+        progress.update(len(groups))
+    return out
+
+
+def _score_packed(model, groups: Sequence[EncodedGroup], *, max_batch_tokens: int, max_length, device, progress,
+                  prefix_reuse: bool, max_prefix_cache_tokens: int, min_shared_prefix: int, mode: str
+                  ) -> list[list[SpanScore]]:
+    """The packed path of :func:`score_groups` (block mask, optional shared prefixes)."""
     if device is None:
         device = next(model.parameters()).device
     max_length = max_length or _model_max_length(model)
