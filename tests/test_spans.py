@@ -302,3 +302,19 @@ def test_sliding_window_model_scores_like_its_own_forward(final_model, prefix_re
             n = len(g.context_ids)
             ref = sum(lp[n - 1 + k, t].item() for k, t in enumerate(cont))
             assert sc.logprob == pytest.approx(ref, abs=1e-4)
+
+
+def test_unpacked_fallback_batches_by_token_budget(monkeypatch):
+    """Requests scored one sequence per candidate (sliding-window overflow, kernels without custom
+    masks) are batched within max_batch_tokens: long sequences make smaller batches."""
+    seen = []
+    monkeypatch.setattr(spans, "score_pairs",
+                        lambda m, pairs, batch_size, **kw: seen.append(batch_size) or
+                        [spans.SpanScore(0.0, len(p.continuation_ids), False) for p in pairs])
+    short = spans.EncodedGroup(tuple(range(100)), ((1,), (2, 3)))
+    long = spans.EncodedGroup(tuple(range(2000)), ((1,),))
+    out = spans._score_unpacked(None, [short], 8192, 10_000, "cpu", None)
+    assert seen == [16] and [len(x) for x in out] == [2]
+    out = spans._score_unpacked(None, [short, long], 8192, 10_000, "cpu", None)
+    assert seen[-1] == 8192 // 2001 and [len(x) for x in out] == [2, 1]
+    assert spans._score_unpacked(None, [long], 8192, 1000, "cpu", None) and seen[-1] == 8  # capped at max_length

@@ -583,9 +583,15 @@ def score_groups(
 
 def _score_unpacked(model, groups: Sequence[EncodedGroup], max_batch_tokens: int, max_length, device, progress
                     ) -> list[list[SpanScore]]:
-    """One sequence per candidate (:func:`score_pairs`), regrouped."""
+    """One sequence per candidate (:func:`score_pairs`), regrouped; at most ``max_batch_tokens``
+    tokens per batch (16 sequences at the default budget, fewer when they are longer than 512)."""
     flat = [EncodedPair(g.context_ids, c) for g in groups for c in g.continuations]
-    scores = score_pairs(model, flat, batch_size=max(1, max_batch_tokens // 512), max_length=max_length, device=device)
+    if not flat:
+        return [[] for _ in groups]
+    longest = min(max(len(p.context_ids) + len(p.continuation_ids) for p in flat),
+                  max_length or _model_max_length(model))
+    batch_size = max(1, max_batch_tokens // max(512, longest))
+    scores = score_pairs(model, flat, batch_size=batch_size, max_length=max_length, device=device)
     out, k = [], 0
     for g in groups:
         out.append(scores[k : k + len(g.continuations)])
