@@ -559,26 +559,24 @@ def score_groups(
     if max_prefix_cache_tokens < 1:
         raise ValueError("max_prefix_cache_tokens must be >= 1")
     mode = _packing_mode(model)
-    window = attention_window(model.config)
-    if window is not None and mode is not None and _head_only_supported(model):
-        # The packed layout's custom mask bypasses the model's sliding window: groups longer
-        # than the window are scored one sequence per candidate, under the model's own masks.
-        long = [i for i, g in enumerate(groups) if len(g.context_ids) + max(map(len, g.continuations)) > window]
-        if long:
-            short = [i for i in range(len(groups)) if i not in set(long)]
-            kw = dict(max_batch_tokens=max_batch_tokens, max_length=max_length, device=device, progress=progress,
-                      prefix_reuse=prefix_reuse, max_prefix_cache_tokens=max_prefix_cache_tokens,
-                      min_shared_prefix=min_shared_prefix)
-            by_index = dict(zip(long, _score_unpacked(model, [groups[i] for i in long], max_batch_tokens,
-                                                      max_length, device, progress)))
-            if short:
-                by_index.update(zip(short, _score_packed(model, [groups[i] for i in short], mode=mode, **kw)))
-            return [by_index[i] for i in range(len(groups))]
-    if mode is None or not _head_only_supported(model):
-        return _score_unpacked(model, groups, max_batch_tokens, max_length, device, progress)
-    return _score_packed(model, groups, max_batch_tokens=max_batch_tokens, max_length=max_length, device=device,
-                         progress=progress, prefix_reuse=prefix_reuse, max_prefix_cache_tokens=max_prefix_cache_tokens,
-                         min_shared_prefix=min_shared_prefix, mode=mode)
+    packable = mode is not None and _head_only_supported(model)
+    # One sequence per candidate, under the model's own masks: everything when the kernel takes
+    # no custom mask; on a sliding-window model, the groups longer than the window (the packed
+    # layout's custom mask bypasses the window rule).
+    window = attention_window(model.config) if packable else None
+    unpacked = [i for i, g in enumerate(groups) if not packable or (
+        window is not None and len(g.context_ids) + max(map(len, g.continuations)) > window)]
+    packed_kw = dict(max_batch_tokens=max_batch_tokens, max_length=max_length, device=device, progress=progress,
+                     prefix_reuse=prefix_reuse, max_prefix_cache_tokens=max_prefix_cache_tokens,
+                     min_shared_prefix=min_shared_prefix, mode=mode)
+    if not unpacked:
+        return _score_packed(model, groups, **packed_kw)
+    by_index = dict(zip(unpacked, _score_unpacked(model, [groups[i] for i in unpacked], max_batch_tokens, max_length,
+                                                  device, progress)))
+    rest = sorted(set(range(len(groups))) - set(unpacked))
+    if rest:
+        by_index.update(zip(rest, _score_packed(model, [groups[i] for i in rest], **packed_kw)))
+    return [by_index[i] for i in range(len(groups))]
 
 
 def _score_unpacked(model, groups: Sequence[EncodedGroup], max_batch_tokens: int, max_length, device, progress

@@ -199,12 +199,12 @@ def check_requirements(specs, checkpoints) -> None:
             f"{bad[0].name!r} ({bad[0].path}) is not from a toy ladder (no ladder.json beside it, no toy tokenizer). "
             "Score real checkpoints with probes/real/*.yaml or --suite gdsuite."
         )
+    ladder_seeds = [(c, toy_ladder_seed(c.path)) for c in checkpoints]  # each ladder.json read once
     for s in specs:
         ws = s.params.get("world_seed")
         if ws is None or get_family(s.family).requires != "toy_world":
             continue
-        for c in checkpoints:
-            seed = toy_ladder_seed(c.path)
+        for c, seed in ladder_seeds:
             if seed is not None and seed != int(ws):
                 raise ProbeSpecError(
                     f"{s.path or s.family}: params.world_seed is {ws}, but checkpoint {c.name!r} ({c.path}) comes "
