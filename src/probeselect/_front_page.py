@@ -14,7 +14,7 @@ write the same files and the same self-contained ``report.html``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -56,7 +56,17 @@ def _steps(manifest: dict | None) -> dict[str, float]:
     return out
 
 
-def _lowest_bpb(summary: pd.DataFrame | None) -> tuple[str, float] | None:
+class Lowest(NamedTuple):
+    checkpoint: str
+    bpb: float
+
+
+class Headline(NamedTuple):
+    verdict: str  # line 1: which base (or none), confirmed or not
+    how_sure: str  # line 2: the primary metric of the pick and the runner-up with their intervals
+
+
+def _lowest_bpb(summary: pd.DataFrame | None) -> Lowest | None:
     """The checkpoint of lowest pretraining held-out bits per byte (mean over held-out rows), or None."""
     if summary is None or "bits_per_byte" not in summary.columns:
         return None
@@ -65,10 +75,10 @@ def _lowest_bpb(summary: pd.DataFrame | None) -> tuple[str, float] | None:
     if rows.empty:
         return None
     per = rows.groupby("checkpoint", sort=False)["_bpb"].mean()
-    return str(per.idxmin()), float(per.min())
+    return Lowest(str(per.idxmin()), float(per.min()))
 
 
-def _headline(sel: dict, cs, n_seeds: int, min_seeds: int | None) -> tuple[str, str]:
+def _headline(sel: dict, cs, n_seeds: int, min_seeds: int | None) -> Headline:
     """The decision in two lines, worded as the Decision section's first bullets."""
     d = sel["decision"]
     prim = sel["selection_plan"]["primary"]
@@ -99,10 +109,10 @@ def _headline(sel: dict, cs, n_seeds: int, min_seeds: int | None) -> tuple[str, 
                      + (f" vs runner-up `{ru}` {val(ru)}" if ru else ""))
     parts.append(f"{n_seeds} SFT seed{'s' if n_seeds != 1 else ''} x {d.get('n_items')} held-out items")
     line2 = "; ".join(parts) + ". Figures below; the evidence and caveats follow."
-    return line1, line2
+    return Headline(line1, line2)
 
 
-def _transfer_figure(sel: dict, steps: dict[str, float], lowest: tuple[str, float] | None, path: Path) -> Path:
+def _transfer_figure(sel: dict, steps: dict[str, float], lowest: Lowest | None, path: Path) -> Path:
     prim = sel["selection_plan"]["primary"]
     level = sel["decision"].get("level", 0.95)
     top = sel["decision"].get("recommended")
@@ -120,7 +130,7 @@ def _transfer_figure(sel: dict, steps: dict[str, float], lowest: tuple[str, floa
         if lo is not None and hi is not None and np.isfinite([float(lo), float(hi)]).all():
             err = [[float(v) - float(lo)], [float(hi) - float(v)]]
         best = b["base"] == top
-        ax.errorbar([x], [float(v)], yerr=err, fmt="o" if b.get("eligible") else "o", ms=7 if best else 5,
+        ax.errorbar([x], [float(v)], yerr=err, fmt="o", ms=7 if best else 5,
                     mfc=("#d62728" if best else "#1f77b4") if b.get("eligible") else "white",
                     mec="#d62728" if best else "#1f77b4", ecolor="#555555", capsize=4, lw=1.2)
         ax.annotate(b["base"] + (" (recommended)" if best else "") + ("" if b.get("eligible") else " (not eligible)"),
@@ -130,7 +140,7 @@ def _transfer_figure(sel: dict, steps: dict[str, float], lowest: tuple[str, floa
         latest = max(steps, key=lambda n: steps[n])
         marks.append(("latest", latest, "#7f7f7f", "--"))
     if lowest is not None:
-        marks.append(("lowest held-out bpb", lowest[0], "#2ca02c", ":"))
+        marks.append(("lowest held-out bpb", lowest.checkpoint, "#2ca02c", ":"))
     piloted = {b["base"] for b in bases}
     for what, name, col, ls in marks:
         if use_steps and name in steps:
@@ -202,8 +212,8 @@ def _front_page(run_dir: Path, sel: dict, cs, seeds: tuple[int, int | None], man
     from .attribution import AttributionError, find_lineage, load_windows
 
     n_seeds, min_seeds = seeds
-    line1, line2 = _headline(sel, cs, n_seeds, min_seeds)
-    blocks: list = [Para(line1), Para(line2)]
+    head = _headline(sel, cs, n_seeds, min_seeds)
+    blocks: list = [Para(head.verdict), Para(head.how_sure)]
     fig_dir = run_dir / FIGURE_DIR
     fig_dir.mkdir(parents=True, exist_ok=True)
     steps = _steps(manifest)
@@ -215,8 +225,8 @@ def _front_page(run_dir: Path, sel: dict, cs, seeds: tuple[int, int | None], man
         latest = max(steps, key=lambda n: steps[n])
         notes.append(f"latest checkpoint `{latest}` ({'piloted' if latest in piloted else 'not piloted'})")
     if lowest is not None:
-        notes.append(f"lowest pretraining held-out bits per byte: `{lowest[0]}` ({fmt(lowest[1])}; "
-                     f"{'piloted' if lowest[0] in piloted else 'not piloted'})")
+        notes.append(f"lowest pretraining held-out bits per byte: `{lowest.checkpoint}` ({fmt(lowest.bpb)}; "
+                     f"{'piloted' if lowest.checkpoint in piloted else 'not piloted'})")
     else:
         notes.append("no pretraining held-out bits per byte was scored, so no lowest-loss checkpoint is marked")
     blocks.append(Figure(_transfer_figure(sel, steps, lowest, fig_dir / "transfer.svg"),
