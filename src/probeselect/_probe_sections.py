@@ -142,7 +142,8 @@ def _summary_section(dyn, sl: pd.DataFrame | None, sl_meta: dict | None, avg_cmp
         sel = sl[sl["selected"].astype(bool)].sort_values("shortlist_position")
         if len(sel):
             items.append(f"**Shortlisted ({len(sel)})**: " + ", ".join(f"`{c}`" for c in sel["checkpoint"]) +
-                         f" (plan `{shown_path((sl_meta or {}).get('config', {}).get('plan', '?'), run_dir)}`). Each is a hypothesis for "
+                         f" (plan `{shown_path((sl_meta or {}).get('config', {}).get('plan', '?'), run_dir)}`). "
+                         "Each is a hypothesis for "
                          "matched pilot SFT, not a selection.")
             for r in sel.itertuples():
                 items.append(f"`{r.checkpoint}`: {r.reason}")
@@ -319,7 +320,8 @@ def _attribution_section(run_dir: Path) -> Section | None:
     labels = ["family", "metric", "window", "planted", "from step", "to step", "tracks", "mean change", "mean z",
               "tracks undoing gains", "harm rank", "most harmful"]
     return Section("Data-window attribution", [
-        Para(f"Windows from `{shown_path(att['lineage'], run_dir)}`. For each data window, the change of every track from the last checkpoint "
+        Para(f"Windows from `{shown_path(att['lineage'], run_dir)}`. For each data window, the change of every "
+             "track from the last checkpoint "
              "before the window to the last one inside it, oriented so that positive = better (bits per byte "
              "negated), averaged over the family's prompt variants; z = change / evaluation-seed sd. A window "
              "undoes earlier gains when the track loses, beyond noise, what training had gained before it. "
@@ -404,7 +406,8 @@ def _averaging_dip_blocks(avg_dir: Path, run_dir: Path | None = None) -> list[An
             red = f": the {kk} average removes {100 * r.reduction:.0f}% of its depth" if pd.notna(r.reduction) else ""
         lines.append(f"`{r.family}` ({r.window} window): depth {fmt(r.depth_raw)} nats raw (lowest at step "
                      f"{int(r.min_step_raw)}) vs {avg}{red}.")
-    intro = Para(f"Planted dip, raw vs {kk} averages (`{shown_path(path, run_dir if run_dir is not None else avg_dir)}`): depth = last value before the window minus the "
+    shown = shown_path(path, run_dir if run_dir is not None else avg_dir)
+    intro = Para(f"Planted dip, raw vs {kk} averages (`{shown}`): depth = last value before the window minus the "
                  "lowest value inside it or right after it (nats; the same step range on both ladders). Averaging "
                  "hides part of a dip; it does not tell you which base is in which mode.")
     return [intro, Bullets(lines if lines else ["No conflict family dips in a planted window of the raw ladder."])]

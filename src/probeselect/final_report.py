@@ -284,7 +284,6 @@ def _decision_section(sel: dict, conf: dict | None, diag: pd.DataFrame | None,
         items.append(how + ".")
     elif top:
         items.append(f"**How sure**: {metric} of `{top}` {val(top)}, {scope}.")
-    lock = sel.get("lock", {})
     if not sel.get("post_hoc"):
         items.append(f"**Predeclared**: the plan `{shown_path(sel.get('plan_path'), run_dir)}` (sha256 "
                      f"`{str(sel.get('plan_sha256'))[:12]}`) was locked (time in `plan.lock.json`) before any pilot or "
@@ -437,7 +436,8 @@ def _confirm_section(conf: dict | None, sel: dict | None = None, run_dir: Path =
     cs = confirmation_status(sel or {}, conf)
     said = _STATUS_WORDS.get(cs.status, "{top}").format(pick=cs.pilot_pick, top=cs.confirm_top or "no base",
                                                         cv=_verdict_words(cs.confirm_verdict))
-    s.blocks.append(Para(f"Recipe `{shown_path(conf['config'].get('recipe'), run_dir)}` (sha256 `{str(conf.get('recipe_sha256'))[:12]}`), "
+    recipe = shown_path(conf["config"].get("recipe"), run_dir)
+    s.blocks.append(Para(f"Recipe `{recipe}` (sha256 `{str(conf.get('recipe_sha256'))[:12]}`), "
                          f"top {conf['config'].get('top')} pilot bases. {said}"))
     rows = []
     by = {r["base"]: r for r in conf.get("confirm_table", [])}
