@@ -11,7 +11,7 @@ TORCH_INDEX_URL ?=
 DEMO_DIR ?= results/demo
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-slow clean
+.PHONY: install demo example test test-slow clean
 
 install: $(VENV)/.installed
 
@@ -28,16 +28,21 @@ PROBES := probes/arith_pattern.yaml probes/tmpl_repeated.yaml probes/tmpl_mismat
 
 # The whole pipeline (recipes/demo.yaml): toy ladder -> score -> average -> dynamics -> shortlist -> plan lock
 # -> pilot SFT + transfer -> select -> confirm -> report; resumable (stages with unchanged inputs
-# are skipped). The example copy in results/example/ is refreshed from it.
-EXAMPLE_FILES := report.md report.html summary.csv shortlist.csv shortlist.json plan.lock.json selection.csv \
-	selection.json confirm.json manifest.json dynamics
+# are skipped). Writes only under $(DEMO_DIR)/ (git-ignored): a demo leaves `git status` clean.
 demo: install
 	$(BIN)/probeselect run recipes/demo.yaml out=$(DEMO_DIR)
+	@echo "demo results: $(DEMO_DIR)/ (ladder/, score/ with report.html)"
+
+# Refresh the committed example copy in results/example/ from the demo's outputs (runs the demo
+# first; a finished demo is skipped stage by stage). The only target that writes tracked files.
+EXAMPLE_FILES := report.md report.html report_figures summary.csv shortlist.csv shortlist.json plan.lock.json selection.csv \
+	selection.json confirm.json manifest.json dynamics
+example: demo
 	rm -rf results/example && mkdir -p results/example/pilot results/example/confirm
 	cd $(DEMO_DIR)/score && cp -r $(EXAMPLE_FILES) $(CURDIR)/results/example/
 	cd $(DEMO_DIR)/score && cp pilot/transfer.csv pilot/transfer_base.csv pilot/diagnostics.csv pilot/manifest.json $(CURDIR)/results/example/pilot/
 	cd $(DEMO_DIR)/score && cp confirm/transfer.csv confirm/diagnostics.csv $(CURDIR)/results/example/confirm/
-	@echo "demo results: $(DEMO_DIR)/ (ladder/, score/ with report.html); example copy in results/example/"
+	@echo "example copy refreshed in results/example/ from $(DEMO_DIR)/score"
 
 test: install
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -33,7 +33,7 @@ selection:
 """
 
 
-def make_score_run(path: Path, steps=STEPS) -> Path:
+def make_score_run(path: Path, steps=STEPS, *, ladder: str = "/ladder") -> Path:
     rows = []
     for (fam, var), means in MEANS.items():
         for step, m in zip(steps, means):
@@ -49,13 +49,46 @@ def make_score_run(path: Path, steps=STEPS) -> Path:
     man = base_manifest("score", {"seeds": [0, 1]})
     man.update(status="complete", seeds=[0, 1], items_hash="abc123",
                checkpoints=[{"name": f"checkpoint-{s}", "step": s, "tokens": s * 64, "fingerprint": f"fp{s:04d}",
-                             "tokenizer_hash": "tok", "path": f"/ladder/checkpoint-{s}"} for s in steps],
+                             "tokenizer_hash": "tok", "path": f"{ladder}/checkpoint-{s}"} for s in steps],
                probes=[], created_utc="2000-01-01T00:00:00+00:00")
     path.mkdir(parents=True, exist_ok=True)
     atomic_write_parquet(path / "scores.parquet", scores)
     atomic_write_csv(path / "summary.csv", summary)
     atomic_write_json(path / "manifest.json", man)
     return path
+
+
+def make_selected_run(root: Path, *, lineage: bool = True) -> Path:
+    """A whole selection run under ``root`` without training: a ladder folder (with a
+    ``data_lineage.json`` of two windows when ``lineage``), a scored run ``root/run``, the
+    plan ``root/plan.yaml`` locked, a shortlist (checkpoint-40, -60, -50), a fake pilot and
+    ``select``. Returns the run folder; every path recorded in it is absolute under ``root``."""
+    from probeselect.plan import lock_plan
+    from probeselect.select import select
+    from probeselect.shortlist import shortlist
+
+    ladder = root / "ladder"
+    ladder.mkdir(parents=True, exist_ok=True)
+    if lineage:
+        atomic_write_json(ladder / "data_lineage.json", {"windows": [
+            {"name": "base", "start_step": 0, "end_step": 30},
+            {"name": "parrot", "start_step": 30, "end_step": 60, "planted": "shortcut"}]})
+    d = make_score_run(root / "run", ladder=str(ladder))
+    # pretraining held-out bits per byte, lowest at checkpoint-30 (never piloted)
+    summary = pd.read_csv(d / "summary.csv")
+    bpb = {10: 1.9, 20: 1.5, 30: 1.2, 40: 1.3, 50: 1.35, 60: 1.4}
+    held = pd.DataFrame([dict(checkpoint=f"checkpoint-{s}", step=s, tokens=s * 64, family="heldout_nll",
+                              variant="bpb", kind="nll", bits_per_byte=v, n_seeds=1) for s, v in bpb.items()])
+    atomic_write_csv(d / "summary.csv", pd.concat([summary, held], ignore_index=True))
+    plan = root / "plan.yaml"
+    plan.write_text(PLAN)
+    lock_plan(plan, d, allow_weak=True)
+    shortlist(d, plan)
+    names = ["checkpoint-40", "checkpoint-60", "checkpoint-50"]
+    write_fake_pilot(d / "pilot", {b: {"task_accuracy": a, "termination": 0.9}
+                                   for b, a in zip(names, (0.85, 0.45, 0.40))})
+    select(d)
+    return d
 
 
 def write_fake_pilot(out: Path, truth: dict[str, dict[str, float]], *, seeds=(0, 1, 2), n_items: int = 60,

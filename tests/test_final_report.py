@@ -188,3 +188,24 @@ def test_selection_report_title_names_the_run(tmp_path, name):
     atomic_write_json(d / "selection.json", sel)
     first = write_selection_report(d).md.read_text().splitlines()[0]
     assert first == "# probeselect base selection: demo"
+
+
+@pytest.mark.parametrize("sel_kw, conf", [
+    ({}, ("checkpoint-40", "winner", True)),
+    ({}, ("checkpoint-40", "no_clear_winner", True)),
+    ({}, ("checkpoint-60", "winner", False)),
+    ({}, None),
+    ({"verdict": "no_clear_winner"}, ("checkpoint-40", "winner", None)),
+    ({"verdict": "none_eligible", "top": None, "runner_up": None}, None),
+    ({"decision": {"n_sft_seeds": 2, "min_sft_seeds": 3, "seeds": [0, 1]}}, None),
+    ({"post_hoc": True, "post_hoc_reasons": ["the plan changed after the lock"]}, None),
+], ids=["confirmed", "not-a-winner-at-confirmation", "reversed", "not-run", "no-clear-winner", "none-eligible",
+        "provisional", "post-hoc"])
+def test_the_front_page_line_says_what_the_decision_says(tmp_path, sel_kw, conf):
+    md, lines = _write(tmp_path, _selection(**sel_kw), conf)
+    front = [ln for ln in md[:md.index("## Decision")].splitlines()[1:] if ln.strip()][0]
+    bold = re.compile(r"\*\*(.+?)\*\*")
+    headline = lines[1] if sel_kw.get("post_hoc") else lines[0]
+    assert bold.findall(headline)[0] in bold.findall(front)  # the same verdict words, base and qualifier
+    assert ("provisional" in front) == ("provisional" in headline)
+    assert ("POST-HOC" in front) == bool(sel_kw.get("post_hoc"))

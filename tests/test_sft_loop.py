@@ -142,7 +142,7 @@ def test_resume_after_sigkill_replays_the_uninterrupted_run(tiny_ladder, tmp_pat
     resumed run must then train on the same sample ids with the same supervised token counts, and match the
     uninterrupted run: losses, pre-clip gradient norms and final weights BITWISE (same CPU, one thread), the
     update norms to rel 1e-6 (they are computed from differences of weights, whose float32 rounding depends
-    on the order of the fused norm kernels). README.md ("Resume") states exactly this."""
+    on the order of the fused norm kernels). docs/pilot-sft.md (the `state/step-<N>/` bullet) states exactly this."""
     import os
     import signal
     import subprocess

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from ._io import sha256_file
-from ._report_blocks import Bullets, Figure, Para, Section, Table, df_table, fmt
+from ._report_blocks import Bullets, Figure, Para, Section, Table, df_table, fmt, shown_path
 from .errors import ProbeselectError
 
 __all__ = ["ProbeSections", "probe_sections", "find_averaged_run", "plot_averaging"]
@@ -135,14 +135,15 @@ def hop_headline(stats: pd.DataFrame, n_ck: int) -> list[str]:
 
 
 def _summary_section(dyn, sl: pd.DataFrame | None, sl_meta: dict | None, avg_cmp: pd.DataFrame | None,
-                     stale: bool) -> Section:
+                     stale: bool, run_dir: Path = Path(".")) -> Section:
     items: list[str] = []
     n_ck = int(dyn.stats["n_checkpoints"].max()) if len(dyn.stats) else 0
     if sl is not None:
         sel = sl[sl["selected"].astype(bool)].sort_values("shortlist_position")
         if len(sel):
             items.append(f"**Shortlisted ({len(sel)})**: " + ", ".join(f"`{c}`" for c in sel["checkpoint"]) +
-                         f" (plan `{(sl_meta or {}).get('config', {}).get('plan', '?')}`). Each is a hypothesis for "
+                         f" (plan `{shown_path((sl_meta or {}).get('config', {}).get('plan', '?'), run_dir)}`). "
+                         "Each is a hypothesis for "
                          "matched pilot SFT, not a selection.")
             for r in sel.itertuples():
                 items.append(f"`{r.checkpoint}`: {r.reason}")
@@ -210,7 +211,7 @@ def _summary_section(dyn, sl: pd.DataFrame | None, sl_meta: dict | None, avg_cmp
     return Section("Summary", [Bullets(items)])
 
 
-def _shortlist_section(sl: pd.DataFrame | None, meta: dict | None) -> Section:
+def _shortlist_section(sl: pd.DataFrame | None, meta: dict | None, run_dir: Path) -> Section:
     s = Section("Shortlist")
     if sl is None:
         s.blocks.append(Para("No shortlist in this run folder. Write a plan before looking at the results "
@@ -220,7 +221,7 @@ def _shortlist_section(sl: pd.DataFrame | None, meta: dict | None) -> Section:
     plan = (meta or {}).get("plan", {})
     proxies = [p.get("id", "?") for p in plan.get("proxies", [])]
     agg = plan.get("aggregation", "mean_rank")
-    s.blocks.append(Para(f"Plan `{(meta or {}).get('config', {}).get('plan', '?')}` (sha256 "
+    s.blocks.append(Para(f"Plan `{shown_path((meta or {}).get('config', {}).get('plan', '?'), run_dir)}` (sha256 "
                          f"`{str((meta or {}).get('plan_sha256', ''))[:12]}`): {agg.replace('_', ' ')} over proxies "
                          + ", ".join(f"`{p}`" for p in proxies) + f"; k = {plan.get('k', '?')}. "
                          "Rank 1 = best, ranked on oriented values (higher = better after orientation: bits per byte "
@@ -233,6 +234,11 @@ def _shortlist_section(sl: pd.DataFrame | None, meta: dict | None) -> Section:
     s.blocks.append(df_table(sl, [c for c, _ in pairs], [lab for _, lab in pairs]))
     s.blocks.extend(_rank_tables(sl, plan))
     notes = (meta or {}).get("notes", [])
+    from .attribution import find_lineage
+
+    lineage = find_lineage(run_dir)  # shortlist notes name it as recorded; print it as every other path here
+    if lineage is not None:
+        notes = [str(n).replace(str(lineage), shown_path(lineage, run_dir)) for n in notes]
     if notes:
         s.blocks.append(Bullets([f"Note: {n}" for n in notes]))
     return s
@@ -314,7 +320,8 @@ def _attribution_section(run_dir: Path) -> Section | None:
     labels = ["family", "metric", "window", "planted", "from step", "to step", "tracks", "mean change", "mean z",
               "tracks undoing gains", "harm rank", "most harmful"]
     return Section("Data-window attribution", [
-        Para(f"Windows from `{att['lineage']}`. For each data window, the change of every track from the last checkpoint "
+        Para(f"Windows from `{shown_path(att['lineage'], run_dir)}`. For each data window, the change of every "
+             "track from the last checkpoint "
              "before the window to the last one inside it, oriented so that positive = better (bits per byte "
              "negated), averaged over the family's prompt variants; z = change / evaluation-seed sd. A window "
              "undoes earlier gains when the track loses, beyond noise, what training had gained before it. "
@@ -375,7 +382,7 @@ def plot_averaging(raw_traj: pd.DataFrame, avg_traj: pd.DataFrame, path: Path, *
     return save_png(fig, path)
 
 
-def _averaging_dip_blocks(avg_dir: Path) -> list[Any]:
+def _averaging_dip_blocks(avg_dir: Path, run_dir: Path | None = None) -> list[Any]:
     """How much checkpoint averaging reduces a planted dip: ``AVG_RUN/averaging_dip.csv``
     (:func:`probeselect.toy.dip.write_averaging_dip`), when the run wrote one."""
     path = avg_dir / "averaging_dip.csv"
@@ -399,7 +406,8 @@ def _averaging_dip_blocks(avg_dir: Path) -> list[Any]:
             red = f": the {kk} average removes {100 * r.reduction:.0f}% of its depth" if pd.notna(r.reduction) else ""
         lines.append(f"`{r.family}` ({r.window} window): depth {fmt(r.depth_raw)} nats raw (lowest at step "
                      f"{int(r.min_step_raw)}) vs {avg}{red}.")
-    intro = Para(f"Planted dip, raw vs {kk} averages (`{path}`): depth = last value before the window minus the "
+    shown = shown_path(path, run_dir if run_dir is not None else avg_dir)
+    intro = Para(f"Planted dip, raw vs {kk} averages (`{shown}`): depth = last value before the window minus the "
                  "lowest value inside it or right after it (nats; the same step range on both ladders). Averaging "
                  "hides part of a dip; it does not tell you which base is in which mode.")
     return [intro, Bullets(lines if lines else ["No conflict family dips in a planted window of the raw ladder."])]
@@ -417,7 +425,7 @@ def _averaging_section(run_dir: Path, avg_dir: Path | None, avg_cmp: pd.DataFram
     avg_tracks = track_table(load_run(avg_dir, need_scores=False).summary)
     fig = plot_averaging(dyn.trajectories[dyn.trajectories["metric"] == "mean_margin"],
                          avg_tracks[avg_tracks["metric"] == "mean_margin"], run_dir / "dynamics" / "averaging_vs_raw.png")
-    s.blocks.append(Para(f"Averaged run: `{avg_dir}`. Raw statistics use the raw checkpoints at the averaged "
+    s.blocks.append(Para(f"Averaged run: `{shown_path(avg_dir, run_dir)}`. Raw statistics use the raw checkpoints at the averaged "
                          "checkpoints' steps (an average is labelled with its last source step), so both rest on the same "
                          "number of consecutive pairs. TV = total variation (sum of |change| between consecutive "
                          "checkpoints, nats); undone = TV minus the net change (0 for a steady trend)."))
@@ -427,7 +435,7 @@ def _averaging_section(run_dir: Path, avg_dir: Path | None, avg_cmp: pd.DataFram
     labels = ["track", "n ckpt", "TV raw", "TV averaged", "TV ratio", "undone raw", "undone averaged",
               "sign changes raw", "sign changes averaged", "flip rate raw", "flip rate averaged"]
     s.blocks.append(df_table(avg_cmp, cols, labels))
-    s.blocks.extend(_averaging_dip_blocks(Path(avg_dir)))
+    s.blocks.extend(_averaging_dip_blocks(Path(avg_dir), run_dir))
     s.blocks.append(Figure(fig, "Look for the averaged line (blue) still jumping or crossing zero: averaging smooths "
                                 "the trajectory but does not remove mode-hopping.", "averaged vs raw margin trajectories"))
     for n in avg_cmp.attrs.get("notes", []):
@@ -467,7 +475,7 @@ def probe_sections(run_dir: str | Path, *, averaged_run_dir: str | Path | None =
 
     figs = dyn.plots
     evidence = [
-        _shortlist_section(sl, sl_meta),
+        _shortlist_section(sl, sl_meta, run_dir),
         Section("Margin trajectories", [Figure(
             figs["margin_trajectories"],
             "Look for lines that go up and come back down (or down and back up) by more than their seed band: those are "
@@ -492,5 +500,5 @@ def probe_sections(run_dir: str | Path, *, averaged_run_dir: str | Path | None =
             "Spearman correlation heatmap")]),
         _averaging_section(run_dir, avg_dir, avg_cmp, dyn),
     ]
-    return ProbeSections(_summary_section(dyn, sl, sl_meta, avg_cmp, stale), evidence, manifest)
+    return ProbeSections(_summary_section(dyn, sl, sl_meta, avg_cmp, stale, run_dir), evidence, manifest)
 

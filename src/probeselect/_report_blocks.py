@@ -25,7 +25,7 @@ import pandas as pd
 from ._io import atomic_write_text
 
 __all__ = ["ReportPaths", "Para", "Bullets", "Table", "Figure", "Section", "fmt", "df_table", "render_markdown",
-           "render_html", "write_documents", "CAVEATS", "provenance_section", "run_name"]
+           "render_html", "write_documents", "CAVEATS", "provenance_section", "run_name", "shown_path"]
 
 
 class ReportPaths(NamedTuple):
@@ -99,7 +99,8 @@ def _md_cell(s: str) -> str:
 def render_markdown(title: str, sections: Sequence[Section], base: Path) -> str:
     out = [f"# {title}", ""]
     for s in sections:
-        out += [f"## {s.title}", ""]
+        if s.title:  # a section without a title is a front page: its blocks follow the title directly
+            out += [f"## {s.title}", ""]
         for b in s.blocks:
             if isinstance(b, Para):
                 out += [b.text, ""]
@@ -130,16 +131,28 @@ table{border-collapse:collapse;font-size:.85em;margin:.6em 0}th,td{border:1px so
 vertical-align:top}th{background:#f3f3f3;text-align:left}tr:nth-child(even) td{background:#fafafa}
 figure{margin:1em 0}figure img{max-width:100%;border:1px solid #eee}figcaption{font-style:italic;color:#444}
 code{background:#f4f4f4;padding:0 3px;border-radius:3px}nav a{margin-right:.8em}
+.front{display:flex;flex-wrap:wrap;gap:0 1.2em}.front p{flex:1 1 100%;margin:.3em 0}
+.front figure{flex:1 1 480px;margin:.6em 0}.front figcaption{font-size:.85em}
 """
 
 
+_MIME = {".png": "image/png", ".svg": "image/svg+xml"}
+
+
 def render_html(title: str, sections: Sequence[Section]) -> str:
+    """One self-contained page. A first section without a title is a front page: its blocks come right
+    after the title, before the navigation and the titled sections."""
+    nav = "<nav>" + "".join(f'<a href="#{s.anchor}">{html.escape(s.title)}</a>' for s in sections if s.title) + "</nav>"
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
-             f"<h1>{html.escape(title)}</h1>",
-             "<nav>" + "".join(f'<a href="#{s.anchor}">{html.escape(s.title)}</a>' for s in sections) + "</nav>"]
-    for s in sections:
-        parts.append(f'<h2 id="{s.anchor}">{html.escape(s.title)}</h2>')
+             f"<h1>{html.escape(title)}</h1>"]
+    if not (sections and not sections[0].title):
+        parts.append(nav)
+    for n, s in enumerate(sections):
+        if s.title:
+            parts.append(f'<h2 id="{s.anchor}">{html.escape(s.title)}</h2>')
+        else:
+            parts.append('<div class="front">')
         for b in s.blocks:
             if isinstance(b, Para):
                 parts.append(f"<p>{_inline(b.text)}</p>")
@@ -151,8 +164,13 @@ def render_html(title: str, sections: Sequence[Section]) -> str:
                 parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
             elif isinstance(b, Figure):
                 data = base64.b64encode(b.path.read_bytes()).decode("ascii")
-                parts.append(f'<figure><img alt="{html.escape(b.alt)}" src="data:image/png;base64,{data}">'
+                mime = _MIME.get(b.path.suffix.lower(), "image/png")
+                parts.append(f'<figure><img alt="{html.escape(b.alt)}" src="data:{mime};base64,{data}">'
                              f"<figcaption>{_inline(b.caption)}</figcaption></figure>")
+        if not s.title:
+            parts.append("</div>")
+            if n == 0:
+                parts.append(nav)
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
@@ -185,6 +203,24 @@ CAVEATS = [
 ]
 
 
+def shown_path(path: Any, run_dir: Path) -> str:
+    """A path as a report prints it, the same wherever the run folder lies.
+
+    Inside the run folder: relative to it (``.`` for the folder itself). Else a relative
+    path as recorded (relative to the working directory of the command that wrote it).
+    Else (an absolute path outside the run) only its file name: absolute paths change when
+    a run is moved or re-run elsewhere; the full path stays in the manifests.
+    """
+    if path is None or str(path) == "":
+        return "n/a"
+    p = Path(str(path))
+    try:
+        rel = p.resolve().relative_to(Path(run_dir).resolve())
+    except (ValueError, OSError):
+        return p.as_posix() if not p.is_absolute() else p.name
+    return rel.as_posix() if str(rel) != "." else "."
+
+
 def _short(h: Any, n: int = 16) -> str:
     return "n/a" if not h else f"`{str(h)[:n]}`"
 
@@ -192,13 +228,16 @@ def _short(h: Any, n: int = 16) -> str:
 def provenance_section(manifest: dict | None, run_dir: Path) -> Section:
     s = Section("Provenance")
     if not manifest:
-        s.blocks.append(Para(f"`{run_dir}/manifest.json` is missing: the provenance of these scores is unknown."))
+        s.blocks.append(Para("`manifest.json` is missing from this run folder: the provenance of these scores is "
+                             "unknown."))
         return s
     git = manifest.get("git", {}) or {}
     cfg = manifest.get("config", {}) or {}
     vers = manifest.get("versions", {}) or {}
     items = [
-        f"Run folder `{run_dir}`, scored {manifest.get('created_utc', '?')}, status {manifest.get('status', '?')}.",
+        f"Scoring status {manifest.get('status', '?')}. Where and when it ran (paths, times, the command): "
+        "`manifest.json` in this run folder; this report prints neither, so that it reads the same wherever and "
+        "whenever the run was made.",
         f"probeselect git commit `{git.get('commit')}` (dirty: {fmt(git.get('dirty'))}).",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in vers.items() if v) + ".",
         f"Evaluation seeds: {manifest.get('seeds', cfg.get('seeds'))}; items hash `{str(manifest.get('items_hash'))[:16]}`; "
@@ -218,7 +257,7 @@ def provenance_section(manifest: dict | None, run_dir: Path) -> Section:
     probes = manifest.get("probes", [])
     if probes:
         s.blocks.append(Table(["family", "spec file", "spec hash", "file sha256", "items per seed"],
-                              [[str(p.get("family")), fmt(p.get("path")), _short(p.get("spec_hash")),
+                              [[str(p.get("family")), shown_path(p.get("path"), run_dir), _short(p.get("spec_hash")),
                                 _short(p.get("file_sha256")), fmt(p.get("n_items_per_seed"))] for p in probes]))
     return s
 

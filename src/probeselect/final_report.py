@@ -2,7 +2,9 @@
 
 ``write_selection_report(run_dir)`` needs ``run_dir/selection.json`` (``probeselect
 select``) and uses, when present, ``confirm.json``, ``pilot/diagnostics.csv``,
-``confirm/diagnostics.csv`` and ``pilot/manifest.json``. The top section says in plain
+``confirm/diagnostics.csv`` and ``pilot/manifest.json``. The first screen is a front page
+(:mod:`probeselect._front_page`): the decision in two lines, post-SFT transfer per piloted
+base and the margin trajectories with the data windows. The Decision section says in plain
 words which base is recommended (or "no clear winner"), how sure we are, whether the
 selection was predeclared (or POST-HOC) and whether the confirmation held. The evidence
 follows: pilot transfer with seeds, run-correctness diagnostics per pilot run, proxy
@@ -15,7 +17,6 @@ markdown and HTML say the same thing; this module imports nothing from
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -26,9 +27,10 @@ import pandas as pd
 from ._io import sha256_file
 from .errors import SelectionError
 from .metrics import LABELS, RENAMED_METRICS
+from ._front_page import front_page
 from ._probe_sections import probe_sections
 from ._report_blocks import (CAVEATS, Bullets, Para, ReportPaths, Section, Table, fmt, provenance_section, run_name,
-                             write_documents)
+                             shown_path, write_documents)
 
 __all__ = ["write_selection_report", "SELECTION_CAVEATS"]
 
@@ -218,7 +220,8 @@ def _floor_ceiling_bullets(transfer: pd.DataFrame | None, sel: dict) -> list[str
 
 
 def _decision_section(sel: dict, conf: dict | None, diag: pd.DataFrame | None,
-                      conf_diag: pd.DataFrame | None = None, transfer: pd.DataFrame | None = None) -> Section:
+                      conf_diag: pd.DataFrame | None = None, transfer: pd.DataFrame | None = None,
+                      run_dir: Path = Path(".")) -> Section:
     d = sel["decision"]
     prim = sel["selection_plan"]["primary"]
     metric, direction = prim["metric"], prim["direction"]
@@ -281,11 +284,10 @@ def _decision_section(sel: dict, conf: dict | None, diag: pd.DataFrame | None,
         items.append(how + ".")
     elif top:
         items.append(f"**How sure**: {metric} of `{top}` {val(top)}, {scope}.")
-    lock = sel.get("lock", {})
     if not sel.get("post_hoc"):
-        items.append(f"**Predeclared**: the plan `{sel.get('plan_path')}` (sha256 `{str(sel.get('plan_sha256'))[:12]}`) "
-                     f"was locked at {lock.get('locked_utc')}, before any pilot or transfer result existed, and is "
-                     "unchanged since.")
+        items.append(f"**Predeclared**: the plan `{shown_path(sel.get('plan_path'), run_dir)}` (sha256 "
+                     f"`{str(sel.get('plan_sha256'))[:12]}`) was locked (time in `plan.lock.json`) before any pilot or "
+                     "transfer result existed, and is unchanged since.")
     if conf is None:
         items.append("**Confirmation**: not run. Confirm at the intended budget before committing "
                      "(`probeselect confirm RUN_DIR --recipe recipes/confirm.yaml --top 2`).")
@@ -363,8 +365,10 @@ def _transfer_section(sel: dict, transfer: pd.DataFrame | None) -> Section:
     return s
 
 
+# No wall-clock columns (seconds, tokens_per_s): the report is the same for two runs that decide the same thing;
+# throughput stays in diagnostics.csv.
 _DIAG_COLS = ["base", "seed", "steps", "sup_tokens", "clip_fraction", "grad_norm_p50", "grad_norm_p90", "grad_norm_max",
-              "nonfinite", "skipped", "spikes", "resumes", "tokens_per_s"]
+              "nonfinite", "skipped", "spikes", "resumes"]
 
 
 def _diagnostics_section(diag: pd.DataFrame | None, conf_diag: pd.DataFrame | None) -> Section:
@@ -421,7 +425,7 @@ _STATUS_WORDS = {
 }
 
 
-def _confirm_section(conf: dict | None, sel: dict | None = None) -> Section:
+def _confirm_section(conf: dict | None, sel: dict | None = None, run_dir: Path = Path(".")) -> Section:
     s = Section("Confirmation")
     if conf is None:
         s.blocks.append(Para("Not run. `probeselect confirm RUN_DIR --recipe recipes/confirm.yaml --top N` retrains the "
@@ -432,7 +436,8 @@ def _confirm_section(conf: dict | None, sel: dict | None = None) -> Section:
     cs = confirmation_status(sel or {}, conf)
     said = _STATUS_WORDS.get(cs.status, "{top}").format(pick=cs.pilot_pick, top=cs.confirm_top or "no base",
                                                         cv=_verdict_words(cs.confirm_verdict))
-    s.blocks.append(Para(f"Recipe `{conf['config'].get('recipe')}` (sha256 `{str(conf.get('recipe_sha256'))[:12]}`), "
+    recipe = shown_path(conf["config"].get("recipe"), run_dir)
+    s.blocks.append(Para(f"Recipe `{recipe}` (sha256 `{str(conf.get('recipe_sha256'))[:12]}`), "
                          f"top {conf['config'].get('top')} pilot bases. {said}"))
     rows = []
     by = {r["base"]: r for r in conf.get("confirm_table", [])}
@@ -455,21 +460,22 @@ def _confirm_section(conf: dict | None, sel: dict | None = None) -> Section:
 
 
 def _selection_provenance(run_dir: Path, sel: dict, conf: dict | None, pilot_man: dict | None) -> list[str]:
+    """Hashes of the inputs that decide; no times and no hashes of files that hold times (those stay in
+    ``selection.json``, ``plan.lock.json`` and the manifests), so the report is the same for two runs that decide
+    the same thing."""
     lock = sel.get("lock", {})
-    items = [f"Selection {sel.get('created_utc')}: status **{sel.get('status')}**; plan `{sel.get('plan_path')}` sha256 "
-             f"`{str(sel.get('plan_sha256'))[:16]}`; lock {lock.get('locked_utc')} (plan sha256 at lock "
-             f"`{str(lock.get('plan_sha256'))[:16]}`, lock file sha256 `{str(lock.get('sha256'))[:16]}`); outcome files "
-             f"present at lock: {len(lock.get('outcome_files_at_lock') or [])}.",
-             "Selection inputs: " + ", ".join(f"{k} `{str(v)[:12]}`" for k, v in sel.get("inputs", {}).items() if v) + "."]
+    items = [f"Selection status **{sel.get('status')}**; plan `{shown_path(sel.get('plan_path'), run_dir)}` sha256 "
+             f"`{str(sel.get('plan_sha256'))[:16]}` (plan sha256 at lock `{str(lock.get('plan_sha256'))[:16]}`); "
+             f"outcome files present at lock: {len(lock.get('outcome_files_at_lock') or [])}. Times and the hashes "
+             "of the input tables: `selection.json` and `plan.lock.json`."]
     if pilot_man:
         rec = pilot_man.get("recipe")
         rsha = pilot_man.get("recipe_sha256") or (rec.get("sha256") if isinstance(rec, dict) else None)
-        items.append(f"Pilot `{run_dir / 'pilot'}`: created {pilot_man.get('created_utc', '?')}, seeds "
-                     f"{pilot_man.get('seeds', '?')}, recipe sha256 `{str(rsha)[:16]}`, git "
-                     f"`{str((pilot_man.get('git') or {}).get('commit'))[:12]}`.")
+        items.append(f"Pilot `pilot/`: seeds {pilot_man.get('seeds', '?')}, recipe sha256 `{str(rsha)[:16]}`, git "
+                     f"`{str((pilot_man.get('git') or {}).get('commit'))[:12]}` (times: `pilot/manifest.json`).")
     if conf:
-        items.append(f"Confirmation {conf.get('created_utc')}: recipe `{conf['config'].get('recipe')}` sha256 "
-                     f"`{str(conf.get('recipe_sha256'))[:16]}`; based on selection.json `{str(conf.get('selection_sha256'))[:12]}`.")
+        items.append(f"Confirmation: recipe `{shown_path(conf['config'].get('recipe'), run_dir)}` sha256 "
+                     f"`{str(conf.get('recipe_sha256'))[:16]}` (times: `confirm.json`).")
     return items
 
 
@@ -519,19 +525,20 @@ def write_selection_report(run_dir: str | Path, *, averaged_run_dir: str | Path 
     pilot_man = _read_json(run_dir / "pilot" / "manifest.json")
     probe = probe_sections(run_dir, averaged_run_dir=averaged_run_dir)
     probe.summary.title = "Probe evidence summary"
-    now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    decision = _decision_section(sel, conf, diag, conf_diag, transfer)
-    decision.blocks.insert(0, Para(f"Generated {now} from `{run_dir}`. The decision in plain words first; the evidence "
-                                   "follows."))
+    decision = _decision_section(sel, conf, diag, conf_diag, transfer, run_dir)
+    decision.blocks.insert(0, Para("The decision in plain words first; the evidence follows."))
     prov = provenance_section(probe.manifest, run_dir)
     prov.blocks.insert(0, Bullets(_selection_provenance(run_dir, sel, conf, pilot_man)))
+    front = front_page(run_dir, sel, confirmation_status(sel, conf), _seed_counts(sel), probe.manifest,
+                       lambda p: shown_path(p, run_dir))
     sections = [
+        front,
         decision,
         _transfer_section(sel, transfer),
         *([lift] if (lift := _sft_lift_section(run_dir)) is not None else []),
         _diagnostics_section(diag, conf_diag),
         _proxy_section(sel),
-        _confirm_section(conf, sel),
+        _confirm_section(conf, sel, run_dir),
         probe.summary,
         *probe.evidence,
         Section("Caveats", [Para("What this evidence does not establish:"), Bullets(SELECTION_CAVEATS + CAVEATS)]),

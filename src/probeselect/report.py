@@ -20,7 +20,6 @@ that imports :mod:`probeselect.final_report`, which imports nothing from here.
 
 from __future__ import annotations
 
-import datetime as _dt
 from pathlib import Path
 
 from ._probe_sections import ProbeSections, find_averaged_run, plot_averaging, probe_sections
@@ -48,7 +47,6 @@ def write_report(run_dir: str | Path, *, averaged_run_dir: str | Path | None = N
     parts = probe_sections(run_dir, averaged_run_dir=averaged_run_dir)
     sections = [parts.summary, *parts.evidence, Section("Caveats", [Bullets(CAVEATS)]),
                 provenance_section(parts.manifest, run_dir)]
-    now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     title = f"probeselect report: {run_name(run_dir, parts.manifest)}"
-    sections[0].blocks.insert(0, Para(f"Generated {now} from `{run_dir}`. Decide with the summary; check the figures."))
+    sections[0].blocks.insert(0, Para("Decide with the summary; check the figures."))
     return write_documents(run_dir, title, sections)
