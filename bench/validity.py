@@ -1,45 +1,54 @@
-"""Does the predeclared pipeline pick the base that is truly best? Validation on toy seeds.
+"""Does the predeclared pipeline pick the base that is truly best, and better than naive selectors?
+Validation on toy seeds.
 
 Run from the repository root (documented with results in bench/VALIDITY.md):
 
-    python bench/validity.py --seeds 0 1 2 3 4 --out results/validity
-    python bench/validity.py --seeds 0 --out /tmp/v --tiny          # smoke version (minutes)
+    python bench/validity.py --jobs 2 --out results/validity          # fresh seeds 5-9, 4 truth seeds
+    python bench/validity.py --budget-estimate --jobs 2               # estimated CPU and wall time
+    python bench/validity.py --seeds 0 --out /tmp/v --tiny            # smoke version (minutes)
+
+Seeds 0-4 (:data:`DEV_SEEDS`) were used to tune the curriculum, the plan and the recipes; the
+default seeds 5-9 (:data:`FRESH_SEEDS`) were not. validity.json records both.
 
 For every toy seed S:
 
 1. **Pipeline** -- ``probeselect run CONFIG out=OUT/seed<S> ladder.toy.seed=S`` (default
    CONFIG: recipes/demo.yaml): builds the (planted) toy ladder, scores, shortlists under the
    predeclared plan, pilots the shortlist at the pilot budget, selects and confirms.
-2. **Ground truth** -- every checkpoint of the ladder is post-trained with the
-   confirmation recipe of CONFIG (the confirmation budget) under ``--truth-seeds`` SFT
-   seeds (default 6) and evaluated on the same transfer suite (task items only:
-   ``transfer.robustness`` and ``transfer.heldout`` are off, which changes no task number).
-   The truth value of a checkpoint is the plan's primary metric averaged over those seeds;
-   truth's best is the best of them (the plan's constraints are applied as in selection).
-3. **Planted ties** at the pilot budget (pilot recipe and seeds of CONFIG), each ranked
-   with the plan's selection rule: ``twin`` -- truth's best checkpoint and a byte copy of it
-   under another name; ``same_mode`` -- the last two checkpoints of the ladder (both after
-   every planted window; when the truth itself separates them, the row says so and the
-   pair is not counted as a tie).
+2. **Independent ground truth** -- every checkpoint is post-trained with the confirmation
+   recipe of CONFIG under ``--truth-seeds`` SFT seeds starting at 100 (default 100-103; the pilot
+   and the confirmation use 0-2, so no data order or LoRA init is shared) and evaluated on the
+   truth's own transfer suite ``OUT/seed<S>/truth/truth_transfer.jsonl``: the same kinds and sizes
+   as the pilot's suite, drawn from another random stream (:data:`TRUTH_STREAM`) with every pilot
+   prompt excluded (robustness and held-out SFT loss off). Truth value = the plan's primary
+   metric averaged over those seeds; truth's best = the best base passing the plan's selection
+   constraints (``truth_best``), also over all checkpoints (``truth_best_all``) and over the
+   plan-eligible set (shortlist constraints: ``truth_best_plan_eligible``).
+3. **Probe-free pilot** -- the pipeline's pilot recipe, seeds and budget on the last checkpoint of
+   each data window (without a lineage: k evenly spaced checkpoints), ranked by the plan's rule.
+4. **Planted ties** at the pilot budget, ranked with the plan's selection rule: ``twin`` -- two
+   copies of the last checkpoint, each with an independent weight perturbation (sd
+   ``--twin-noise`` x each tensor's sd): different but exchangeable, so truly equal; their own
+   truth runs (the truth's seeds and suite) check that the truth cannot separate them;
+   ``same_mode`` -- the last two checkpoints (counted as a tie only when the truth does not
+   separate them). False-winner rate with its Clopper-Pearson interval in validity.json.
 
-Per-seed table ``OUT/validity.csv`` (and ``validity.md``): the ladder's planted dip on the
-pipeline's own scores (``dip_pass``, ``dip_families`` = conflict families that dip and recover,
-``capability_dips`` = capability families or held-out bpb that dip; criteria of
-:func:`probeselect.toy.dip.check_planted_dip`) and ``final_heldout_arith``; ``pick`` (the pipeline's
-recommendation, else its top pilot base), ``pick_window`` (its data window), ``truth_best``,
-``agree`` (pick == truth_best, or the truth cannot separate the two: the plan's decision rule on
-the truth runs of just these two bases says "no clear winner"; ``truth_separates_pick`` says when
-it can), ``agree_strict`` (pick == truth_best),
-``pick_truth_gap`` (truth value of truth_best minus that of pick, >= 0), ``latest`` /
-``latest_agree`` / ``latest_truth_gap`` (the same for the naive baseline "post-train the latest
-checkpoint": the probes only earn their keep on seeds where it disagrees and the pick agrees), ``kendall_tau``
-(Kendall tau-b between the shortlist aggregate over every ranked candidate, oriented so
-that higher = better, and the truth values), ``decision`` (the selection verdict and the
-confirmation statement); and ``OUT/ties.csv``: one row per seed x tie with the verdict
-and whether it is a false clear winner; ``OUT/truth_values.csv``: the truth value (and its SFT-seed
-sd) of every checkpoint of every seed, with its data window. ``OUT/validity.json`` holds the totals and every
-setting. Every stage is resumable (``probeselect run`` and ``run_pilot`` skip finished
-work), so an interrupted validation continues where it stopped.
+Selectors on the same truth (:data:`SELECTORS`; ``OUT/selectors.csv`` per seed,
+``OUT/selector_summary.csv`` over seeds): ``pipeline`` (the confirmed recommendation; decisive only
+when the confirmation names a clear winner and the pilot's decision held, else its top base is
+scored as undecided), ``latest``, ``lowest_bpb`` (pretraining held-out bits per byte),
+``best_capability`` (mean capability candidate accuracy), ``probes_only`` (shortlist rank 1),
+``probe_free_pilot``, ``random_k_pilot`` (expected over all k-subsets of the plan-eligible
+checkpoints with an oracle pilot that picks each subset's truth-best: favourable to it) and
+``random_eligible`` (exact expectation over the plan-eligible checkpoints). Metrics
+(:func:`pick_metrics`): ``regret`` = truth's best minus the pick, with its paired-t 95% interval
+over the truth seeds (mean, interval over seeds and max in the summary); ``agree`` (lenient: the
+truth's own rule cannot separate pick and best), ``agree_strict`` (pick = best), ``equiv_agree``
+(the upper end of the interval of best - pick is below the tie margin) and ``decisive_correct``
+(decisive and equivalence-agreeing). ``validity.csv`` also holds Kendall tau-b of the truth values
+with the shortlist aggregate (``tau_probes``), the step number (``tau_step``) and -bpb
+(``tau_neg_bpb``), the planted-dip verdict and timings; ``truth_values.csv`` every checkpoint's
+truth value. Every stage is resumable, and every finished task is logged with its seconds.
 """
 
 from __future__ import annotations
@@ -483,6 +492,47 @@ def mean_interval(x, level: float = 0.95) -> tuple[float, float, float]:
     return float(x.mean()), float(x.mean() - half), float(x.mean() + half)
 
 
+def naive_picks(steps: dict, bpb: pd.Series, capability: pd.Series, shortlisted: list[str]) -> dict:
+    """The picks of the probe-free naive selectors and of the probes alone: ``latest`` (highest
+    step), ``lowest_bpb`` (lowest pretraining held-out bits per byte), ``best_capability``
+    (highest plain-capability score), ``probes_only`` (shortlist rank 1). None where the input is
+    missing. ``steps``: checkpoint -> step (None for unnumbered ones)."""
+    stepped = {b: s for b, s in steps.items() if s is not None}
+    bpb, capability = bpb.dropna(), capability.dropna()
+    return {"latest": max(stepped, key=stepped.get) if stepped else None,
+            "lowest_bpb": str(bpb.idxmin()) if len(bpb) else None,
+            "best_capability": str(capability.idxmax()) if len(capability) else None,
+            "probes_only": str(shortlisted[0]) if shortlisted else None}
+
+
+def selector_rows(per_seed: pd.DataFrame, best: str, picks: dict, pool: list[str], k: int, **kw) -> list[dict]:
+    """One row per selector of :data:`SELECTORS` on the same truth. ``picks``: selector -> (pick,
+    decisive) for the deterministic selectors; ``random_k_pilot`` and ``random_eligible`` are
+    expected values over ``pool`` (the plan-eligible checkpoints) computed from the truth.
+    ``decisive_correct``: a decisive pick whose equivalence to truth's best the truth shows
+    (:func:`pick_metrics`' ``equiv_agree``); for the random selectors its expectation."""
+    val = per_seed.mean(axis=1)
+    rows = []
+    nan = {k_: float("nan") for k_ in ("regret", "regret_lo", "regret_hi", "agree", "agree_strict", "equiv_agree")}
+    for name in SELECTORS:
+        if name == "random_k_pilot":
+            m = expected_metrics(per_seed, best, random_k_pilot_picks(val, pool, k), **kw)
+            rows.append({"selector": name, "pick": None, "decisive": True, **m, "decisive_correct": m["equiv_agree"]})
+        elif name == "random_eligible":
+            m = expected_metrics(per_seed, best, [(b, 1 / len(pool)) for b in pool], **kw)
+            rows.append({"selector": name, "pick": None, "decisive": True, **m, "decisive_correct": m["equiv_agree"]})
+        elif name in picks:
+            p, dec = picks[name]
+            m = pick_metrics(per_seed, best, p, **kw) if p in per_seed.index else dict(nan)
+            rows.append({"selector": name, "pick": p, "decisive": bool(dec), **m,
+                         "decisive_correct": bool(dec and m["equiv_agree"] is True)})
+    # one type per column: 1.0 / 0.0 for a pick, the expectation for a random selector
+    for r in rows:
+        for c in ("agree", "agree_strict", "equiv_agree", "decisive_correct"):
+            r[c] = float(r[c])
+    return rows
+
+
 def _capability_score(summary: pd.DataFrame) -> pd.Series:
     """Plain-capability score per checkpoint: the mean over capability families (summary.csv kind
     ``capability``) of the family's mean ``candidate_accuracy`` over its variants."""
@@ -519,13 +569,14 @@ def _seed_row(seed: int, out_root: Path, st: dict, ties_spec, secs: dict, facts:
     scols = [c for c in tt.columns if c.startswith("seed") and c[4:].isdigit()]
     per_seed = sign * tt[scols].astype(float)                      # oriented: higher = better
     val = sign * tt["value"].astype(float)
-    truth_best = truth.top                                        # best under the plan's selection constraints
     truth_best_all = str(val.idxmax())                            # best over all checkpoints
+    truth_best = truth.top or truth_best_all                      # best under the plan's selection constraints
     sl = pd.read_csv(run_dir / "shortlist.csv")
     sl["checkpoint"] = sl["checkpoint"].astype(str)
     plan_ok = set(sl.loc[sl["passes_constraints"].astype(bool), "checkpoint"]) & set(tt.index)
     elig_truth = set(tt.index[tt["eligible"].astype(bool)])
-    pool = [b for b in tt.index if b in plan_ok and b in elig_truth] or [b for b in tt.index if b in elig_truth]
+    pool = ([b for b in tt.index if b in plan_ok and b in elig_truth] or [b for b in tt.index if b in elig_truth]
+            or list(tt.index))
     truth_best_plan = max(pool, key=lambda b: val[b]) if pool else None
     kw = {"margin": float(spec.tie_margin), "min_seeds": int(spec.min_sft_seeds), "level": float(spec.level)}
 
@@ -537,42 +588,24 @@ def _seed_row(seed: int, out_root: Path, st: dict, ties_spec, secs: dict, facts:
     else:
         pipe_pick = pilot_dec.get("recommended") or pilot_dec.get("top")
         decided = pilot_dec.get("verdict") == "winner"
-    named = [c for c in ckpts if c.step is not None]
-    latest = named[-1].name
     summary = pd.read_csv(run_dir / "summary.csv")
     bpb = _heldout_bpb(summary).reindex(tt.index)
     capab = _capability_score(summary).reindex(tt.index)
     shortlisted = json.loads((run_dir / "shortlist.json").read_text(encoding="utf-8"))["selected"]
     pf = _rank(out / "probe_free" / "pilot", spec)
-    picks = {
-        "pipeline": (pipe_pick, bool(decided), f"confirmation: {cd.get('verdict', pilot_dec.get('verdict'))}"),
-        "latest": (latest, True, "last checkpoint"),
-        "lowest_bpb": (str(bpb.idxmin()) if bpb.notna().any() else None, True, "lowest pretraining held-out bpb"),
-        "best_capability": (str(capab.idxmax()) if capab.notna().any() else None, True,
-                            "highest mean capability candidate_accuracy"),
-        "probes_only": (str(shortlisted[0]["checkpoint"]) if shortlisted else None, True, "shortlist rank 1"),
-        "probe_free_pilot": (pf.recommended or pf.top, pf.verdict == "winner",
-                             f"pilot of {' '.join(str(b) for b in pf.table['base'])}: {pf.verdict}"),
-    }
-    sel_rows = []
-    for name in SELECTORS:
-        if name in picks:
-            p, dec, note = picks[name]
-            m = pick_metrics(per_seed, truth_best, p, **kw) if p in tt.index else \
-                {k: float("nan") for k in ("regret", "regret_lo", "regret_hi", "agree", "agree_strict", "equiv_agree")}
-        elif name == "random_k_pilot":
-            k = int(len(shortlisted) or 3)
-            ws = random_k_pilot_picks(val, pool, k)
-            m = expected_metrics(per_seed, truth_best, ws, **kw)
-            p, dec, note = None, True, f"expected over all {k}-subsets of the {len(pool)} plan-eligible checkpoints, oracle pilot"
-        else:  # random_eligible
-            m = expected_metrics(per_seed, truth_best, [(b, 1 / len(pool)) for b in pool], **kw)
-            p, dec, note = None, True, f"expected over the {len(pool)} plan-eligible checkpoints"
-        sel_rows.append({"seed": seed, "selector": name, "pick": p, "pick_window": windows.get(p, "") if p else "",
-                         "decisive": bool(dec), **m,
-                         "decisive_correct": (float(m["equiv_agree"]) if p is None else
-                                              bool(dec and m["equiv_agree"] is True)),
-                         "note": note})
+    naive = naive_picks({c.name: c.step for c in ckpts if c.name in tt.index}, bpb, capab,
+                        [str(x["checkpoint"]) for x in shortlisted])
+    picks = {"pipeline": (pipe_pick, bool(decided)), **{n: (p, True) for n, p in naive.items()},
+             "probe_free_pilot": (pf.recommended or pf.top, pf.verdict == "winner")}
+    k = int(len(shortlisted) or 3)
+    notes = {"pipeline": f"confirmation: {cd.get('verdict', pilot_dec.get('verdict'))}", "latest": "last checkpoint",
+             "lowest_bpb": "lowest pretraining held-out bpb", "best_capability": "highest mean capability candidate_accuracy",
+             "probes_only": "shortlist rank 1",
+             "probe_free_pilot": f"pilot of {' '.join(str(b) for b in pf.table['base'])}: {pf.verdict}",
+             "random_k_pilot": f"expected over all {k}-subsets of the {len(pool)} plan-eligible checkpoints, oracle pilot",
+             "random_eligible": f"expected over the {len(pool)} plan-eligible checkpoints"}
+    sel_rows = [{"seed": seed, **r, "pick_window": windows.get(r["pick"], "") if r["pick"] else "",
+                 "note": notes[r["selector"]]} for r in selector_rows(per_seed, truth_best, picks, pool, k, **kw)]
 
     # --- Kendall tau against the truth ---
     agg_col = next(c for c in ("mean_rank", "median_rank") if c in sl.columns)
@@ -610,7 +643,7 @@ def _seed_row(seed: int, out_root: Path, st: dict, ties_spec, secs: dict, facts:
            "truth_best_plan_eligible": truth_best_plan,
            "agree": pm["agree"], "agree_strict": pm["agree_strict"], "equiv_agree": pm["equiv_agree"],
            "decisive_correct": pm["decisive_correct"], "regret": pm["regret"], "regret_lo": pm["regret_lo"],
-           "regret_hi": pm["regret_hi"], "latest": latest, "latest_agree": lm["agree"],
+           "regret_hi": pm["regret_hi"], "latest": lm["pick"], "latest_agree": lm["agree"],
            "latest_equiv_agree": lm["equiv_agree"], "latest_regret": lm["regret"],
            "tau_probes": tau_probe, "tau_step": tau_step, "tau_neg_bpb": tau_bpb, "n_ranked": int(len(sla)),
            "shortlist": " ".join(f"{x['checkpoint']}({windows.get(str(x['checkpoint']), '?')})" for x in shortlisted),
@@ -827,7 +860,7 @@ def validate(seeds: list[int], out: Path, *, config: Path = ROOT / "recipes" / "
         rows.append(row)
         sels.extend(sel)
         ties.extend(tie)
-        facts[row["seed"]] = fact
+        facts[str(row["seed"])] = fact  # JSON keys are strings
         rows.sort(key=order)
         atomic_write_csv(out / "validity.csv", pd.DataFrame(rows))
         atomic_write_csv(out / "selectors.csv", pd.DataFrame(sorted(sels, key=lambda r: (order(r), SELECTORS.index(r["selector"])))))
