@@ -1,45 +1,54 @@
-"""Does the predeclared pipeline pick the base that is truly best? Validation on toy seeds.
+"""Does the predeclared pipeline pick the base that is truly best, and better than naive selectors?
+Validation on toy seeds.
 
 Run from the repository root (documented with results in bench/VALIDITY.md):
 
-    python bench/validity.py --seeds 0 1 2 3 4 --out results/validity
-    python bench/validity.py --seeds 0 --out /tmp/v --tiny          # smoke version (minutes)
+    python bench/validity.py --jobs 2 --out results/validity          # fresh seeds 5-9, 4 truth seeds
+    python bench/validity.py --budget-estimate --jobs 2               # estimated CPU and wall time
+    python bench/validity.py --seeds 0 --out /tmp/v --tiny            # smoke version (minutes)
+
+Seeds 0-4 (:data:`DEV_SEEDS`) were used to tune the curriculum, the plan and the recipes; the
+default seeds 5-9 (:data:`FRESH_SEEDS`) were not. validity.json records both.
 
 For every toy seed S:
 
 1. **Pipeline** -- ``probeselect run CONFIG out=OUT/seed<S> ladder.toy.seed=S`` (default
    CONFIG: recipes/demo.yaml): builds the (planted) toy ladder, scores, shortlists under the
    predeclared plan, pilots the shortlist at the pilot budget, selects and confirms.
-2. **Ground truth** -- every checkpoint of the ladder is post-trained with the
-   confirmation recipe of CONFIG (the confirmation budget) under ``--truth-seeds`` SFT
-   seeds (default 6) and evaluated on the same transfer suite (task items only:
-   ``transfer.robustness`` and ``transfer.heldout`` are off, which changes no task number).
-   The truth value of a checkpoint is the plan's primary metric averaged over those seeds;
-   truth's best is the best of them (the plan's constraints are applied as in selection).
-3. **Planted ties** at the pilot budget (pilot recipe and seeds of CONFIG), each ranked
-   with the plan's selection rule: ``twin`` -- truth's best checkpoint and a byte copy of it
-   under another name; ``same_mode`` -- the last two checkpoints of the ladder (both after
-   every planted window; when the truth itself separates them, the row says so and the
-   pair is not counted as a tie).
+2. **Independent ground truth** -- every checkpoint is post-trained with the confirmation
+   recipe of CONFIG under ``--truth-seeds`` SFT seeds starting at 100 (default 100-103; the pilot
+   and the confirmation use 0-2, so no data order or LoRA init is shared) and evaluated on the
+   truth's own transfer suite ``OUT/seed<S>/truth/truth_transfer.jsonl``: the same kinds and sizes
+   as the pilot's suite, drawn from another random stream (:data:`TRUTH_STREAM`) with every pilot
+   prompt excluded (robustness and held-out SFT loss off). Truth value = the plan's primary
+   metric averaged over those seeds; truth's best = the best base passing the plan's selection
+   constraints (``truth_best``), also over all checkpoints (``truth_best_all``) and over the
+   plan-eligible set (shortlist constraints: ``truth_best_plan_eligible``).
+3. **Probe-free pilot** -- the pipeline's pilot recipe, seeds and budget on the last checkpoint of
+   each data window (without a lineage: k evenly spaced checkpoints), ranked by the plan's rule.
+4. **Planted ties** at the pilot budget, ranked with the plan's selection rule: ``twin`` -- two
+   copies of the last checkpoint, each with an independent weight perturbation (sd
+   ``--twin-noise`` x each tensor's sd): different but exchangeable, so truly equal; their own
+   truth runs (the truth's seeds and suite) check that the truth cannot separate them;
+   ``same_mode`` -- the last two checkpoints (counted as a tie only when the truth does not
+   separate them). False-winner rate with its Clopper-Pearson interval in validity.json.
 
-Per-seed table ``OUT/validity.csv`` (and ``validity.md``): the ladder's planted dip on the
-pipeline's own scores (``dip_pass``, ``dip_families`` = conflict families that dip and recover,
-``capability_dips`` = capability families or held-out bpb that dip; criteria of
-:func:`probeselect.toy.dip.check_planted_dip`) and ``final_heldout_arith``; ``pick`` (the pipeline's
-recommendation, else its top pilot base), ``pick_window`` (its data window), ``truth_best``,
-``agree`` (pick == truth_best, or the truth cannot separate the two: the plan's decision rule on
-the truth runs of just these two bases says "no clear winner"; ``truth_separates_pick`` says when
-it can), ``agree_strict`` (pick == truth_best),
-``pick_truth_gap`` (truth value of truth_best minus that of pick, >= 0), ``latest`` /
-``latest_agree`` / ``latest_truth_gap`` (the same for the naive baseline "post-train the latest
-checkpoint": the probes only earn their keep on seeds where it disagrees and the pick agrees), ``kendall_tau``
-(Kendall tau-b between the shortlist aggregate over every ranked candidate, oriented so
-that higher = better, and the truth values), ``decision`` (the selection verdict and the
-confirmation statement); and ``OUT/ties.csv``: one row per seed x tie with the verdict
-and whether it is a false clear winner; ``OUT/truth_values.csv``: the truth value (and its SFT-seed
-sd) of every checkpoint of every seed, with its data window. ``OUT/validity.json`` holds the totals and every
-setting. Every stage is resumable (``probeselect run`` and ``run_pilot`` skip finished
-work), so an interrupted validation continues where it stopped.
+Selectors on the same truth (:data:`SELECTORS`; ``OUT/selectors.csv`` per seed,
+``OUT/selector_summary.csv`` over seeds): ``pipeline`` (the confirmed recommendation; decisive only
+when the confirmation names a clear winner and the pilot's decision held, else its top base is
+scored as undecided), ``latest``, ``lowest_bpb`` (pretraining held-out bits per byte),
+``best_capability`` (mean capability candidate accuracy), ``probes_only`` (shortlist rank 1),
+``probe_free_pilot``, ``random_k_pilot`` (expected over all k-subsets of the plan-eligible
+checkpoints with an oracle pilot that picks each subset's truth-best: favourable to it) and
+``random_eligible`` (exact expectation over the plan-eligible checkpoints). Metrics
+(:func:`pick_metrics`): ``regret`` = truth's best minus the pick, with its paired-t 95% interval
+over the truth seeds (mean, interval over seeds and max in the summary); ``agree`` (lenient: the
+truth's own rule cannot separate pick and best), ``agree_strict`` (pick = best), ``equiv_agree``
+(the upper end of the interval of best - pick is below the tie margin) and ``decisive_correct``
+(decisive and equivalence-agreeing). ``validity.csv`` also holds Kendall tau-b of the truth values
+with the shortlist aggregate (``tau_probes``), the step number (``tau_step``) and -bpb
+(``tau_neg_bpb``), the planted-dip verdict and timings; ``truth_values.csv`` every checkpoint's
+truth value. Every stage is resumable, and every finished task is logged with its seconds.
 """
 
 from __future__ import annotations
@@ -146,33 +155,101 @@ def _pilot(bases, recipe: str, out: Path, overrides: list[str], seeds: list[int]
 # ---------------------------------------------------------------------------
 
 
-def _stage_pipeline(seed: int, out_root: Path, config: Path, tiny: bool) -> dict:
+#: Toy seeds used while developing the curriculum (v1-v6), the plan and the recipes: not a held-out test.
+DEV_SEEDS = [0, 1, 2, 3, 4]
+#: Default validation seeds: fresh, never used for tuning.
+FRESH_SEEDS = [5, 6, 7, 8, 9]
+#: First SFT seed of the ground truth: the truth's SFT seeds are TRUTH_SEED_START .. + truth_seeds - 1,
+#: disjoint from every pilot and confirmation seed (the recipes use 0-2), so the truth shares no data
+#: order or LoRA init with the runs it judges.
+TRUTH_SEED_START = 100
+#: Random stream of the truth's transfer items (toy.data.make_transfer_rows); the pilot's is "transfer".
+TRUTH_STREAM = "transfer-truth"
+#: Relative size of the independent weight perturbation of each perturbed twin (x each tensor's sd).
+TWIN_NOISE = 0.01
+#: Selectors compared on the same truth (see the module docstring), in table order.
+SELECTORS = ("pipeline", "latest", "lowest_bpb", "best_capability", "probes_only", "probe_free_pilot",
+             "random_k_pilot", "random_eligible")
+
+
+def _settings(config: Path, tiny: bool, truth_seeds: int, truth_seed_start: int = TRUTH_SEED_START,
+              twin_noise: float = TWIN_NOISE) -> dict:
+    return {"config": Path(config), "tiny": bool(tiny), "truth_seeds": list(range(truth_seed_start,
+                                                                                   truth_seed_start + truth_seeds)),
+            "twin_noise": float(twin_noise)}
+
+
+def _cfg(st: dict, out_root: Path, seed: int) -> dict:
+    return _run_cfg(st["config"], out_root / f"seed{seed}", seed, st["tiny"])[1]
+
+
+def _stage_pipeline(seed: int, out_root: Path, st: dict) -> dict:
     """``probeselect run CONFIG`` for one seed; returns its ladder's checkpoint names and the seconds."""
     from probeselect.checkpoints import discover_checkpoints
     from probeselect.run import run_pipeline
 
     out = out_root / f"seed{seed}"
-    ov, cfg = _run_cfg(config, out, seed, tiny)
+    ov, cfg = _run_cfg(st["config"], out, seed, st["tiny"])
     t0 = time.perf_counter()
-    run_pipeline(config, overrides=ov, progress=False, log=lambda m: None)
+    run_pipeline(st["config"], overrides=ov, progress=False, log=lambda m: None)
     return {"checkpoints": [c.name for c in discover_checkpoints(Path(cfg["_paths"]["ladder"]))],
             "seconds": time.perf_counter() - t0}
 
 
-def _truth_extra(tiny: bool) -> list[str]:
-    return ["transfer.robustness=null", "transfer.heldout=null", "eval.every=0"] + (TINY_RECIPE if tiny else [])
+def _truth_suite_path(out_root: Path, seed: int) -> Path:
+    return out_root / f"seed{seed}" / "truth" / "truth_transfer.jsonl"
 
 
-def _stage_truth(seed: int, out_root: Path, config: Path, tiny: bool, truth_seeds: int, checkpoint: str) -> float:
-    """Ground truth for one checkpoint: the confirmation recipe under ``truth_seeds`` SFT seeds, into
-    ``OUT/seed<S>/truth/parts/<checkpoint>`` (merged by :func:`_merge_truth`). Returns the seconds."""
+def _write_truth_suite(seed: int, out_root: Path, st: dict) -> dict:
+    """The truth's transfer suite: the toy transfer kinds and sizes of the pilot's suite, drawn from
+    their own random stream (:data:`TRUTH_STREAM`) with every pilot prompt excluded; ids prefixed
+    ``truth-``. Refuses a suite that shares a prompt with the pilot's, or whose kind counts differ.
+    Returns facts for validity.json (sizes, shared prompts, probe-template hits of both suites)."""
+    from probeselect.toy.data import make_transfer_rows, read_jsonl
+    from probeselect.toy.world import ToyWorld
+    from probeselect.transfer import probe_template_matches
+
+    cfg = _cfg(st, out_root, seed)
+    data = Path(cfg["_paths"]["ladder"]) / "data"
+    pilot = read_jsonl(data / "transfer.jsonl")
+    sft = {r["prompt"] for r in read_jsonl(data / "sft.jsonl")}
+    kinds = tuple(dict.fromkeys(r["kind"] for r in pilot))
+    world = ToyWorld.generate(seed)
+    truth = make_transfer_rows(world, sft, stream=TRUTH_STREAM, exclude_prompts={r["prompt"] for r in pilot},
+                               kinds=kinds)
+    count = lambda rows: {k: sum(r["kind"] == k for r in rows) for k in kinds}  # noqa: E731
+    shared = {r["prompt"] for r in pilot} & {r["prompt"] for r in truth}
+    if shared or count(truth) != count(pilot):
+        raise RuntimeError(f"{data / 'transfer.jsonl'}: the truth suite of seed {seed} is not a disjoint draw of the "
+                           f"same kinds and sizes (shared prompts {len(shared)}; counts {count(truth)} vs "
+                           f"{count(pilot)}). Was the ladder built by another version of probeselect.toy.data? "
+                           "Rebuild it (delete the seed folder).")
+    for r in truth:
+        r["id"] = "truth-" + r["id"]
+    path = _truth_suite_path(out_root, seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in truth))
+    return {"pilot_items": len(pilot), "truth_items": len(truth), "shared_prompts": len(shared),
+            "kinds": count(truth), "probe_template_hits_pilot": len(probe_template_matches(pilot)),
+            "probe_template_hits_truth": len(probe_template_matches(truth))}
+
+
+def _truth_extra(st: dict, suite: Path) -> list[str]:
+    return (["transfer.robustness=null", "transfer.heldout=null", "eval.every=0"]
+            + (TINY_RECIPE if st["tiny"] else []) + [f"transfer.tasks={suite}"])
+
+
+def _stage_truth(seed: int, out_root: Path, st: dict, base: str, parts: str) -> float:
+    """Ground truth for one base (a checkpoint folder of the ladder or a perturbed twin): the
+    confirmation recipe under the truth's SFT seeds on the truth's own transfer suite, into
+    ``OUT/seed<S>/<parts>/parts/<name>`` (merged by :func:`_merge_truth`). Returns the seconds."""
     out = out_root / f"seed{seed}"
-    _, cfg = _run_cfg(config, out, seed, tiny)
+    cfg = _cfg(st, out_root, seed)
     conf_cfg = cfg.get("confirm") or cfg["pilot"]
     t0 = time.perf_counter()
-    _pilot([Path(cfg["_paths"]["ladder"]) / checkpoint], conf_cfg["recipe"], out / "truth" / "parts" / checkpoint,
-           list(conf_cfg.get("overrides") or []), list(range(truth_seeds)), str(cfg.get("device", "auto")),
-           extra=_truth_extra(tiny))
+    _pilot([Path(base)], conf_cfg["recipe"], out / parts / "parts" / Path(base).name,
+           list(conf_cfg.get("overrides") or []), st["truth_seeds"], str(cfg.get("device", "auto")),
+           extra=_truth_extra(st, _truth_suite_path(out_root, seed)))
     return time.perf_counter() - t0
 
 
@@ -207,39 +284,113 @@ def _merge_truth(truth_dir: Path, checkpoints: list[str]) -> None:
             atomic_write_csv(truth_dir / name, df)
 
 
-def _tie_bases(seed: int, out_root: Path, config: Path, tiny: bool) -> list[tuple[str, list[str], bool]]:
-    """The two planted ties of a seed (name, base paths, whether the truth itself calls it a tie);
-    needs the merged truth. (The row ranks the truth again in the main process: a bootstrap of a
-    few seconds, cheaper than passing the ranking between processes.)"""
+def _make_twins(seed: int, out_root: Path, st: dict) -> list[str]:
+    """Two perturbed twins of the ladder's last checkpoint: each a copy whose every weight tensor
+    gets independent Gaussian noise of sd ``twin_noise`` x that tensor's sd (torch generator seeded
+    by the toy seed and the copy). The two copies are exchangeable -- equal in expectation by
+    construction -- but not identical, so the pilot can call a false winner between them; the truth
+    (same SFT seeds as for the checkpoints) checks that it cannot separate them."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from probeselect.checkpoints import discover_checkpoints
+
+    cfg = _cfg(st, out_root, seed)
+    src = [c for c in discover_checkpoints(Path(cfg["_paths"]["ladder"])) if c.step is not None][-1]
+    paths = []
+    for j, tag in enumerate(("a", "b")):
+        dst = out_root / f"seed{seed}" / "ties" / "twin" / "bases" / f"{src.name}-perturbed-{tag}"
+        paths.append(str(dst))
+        if (dst / "twin.json").is_file():
+            continue
+        shutil.rmtree(dst, ignore_errors=True)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(src.path, dst)
+        files = sorted(dst.glob("*.safetensors"))
+        if not files:
+            raise RuntimeError(f"{src.path}: no *.safetensors weights to perturb for the twin tie.")
+        g = torch.Generator().manual_seed(1_000_003 * seed + j + 1)
+        for f in files:
+            w = load_file(str(f))
+            for k in sorted(w):
+                t = w[k]
+                if t.is_floating_point() and t.numel() > 1:
+                    sd = t.float().std()
+                    w[k] = (t.float() + st["twin_noise"] * sd * torch.randn(t.shape, generator=g)).to(t.dtype)
+            save_file(w, str(f), metadata={"format": "pt"})
+        atomic_write_json(dst / "twin.json", {"source": str(src.path), "noise": st["twin_noise"],
+                                              "generator_seed": 1_000_003 * seed + j + 1})
+    return paths
+
+
+def _tie_bases(seed: int, out_root: Path, st: dict) -> list[tuple[str, list[str], bool]]:
+    """The two planted ties of a seed (name, base paths, whether the truth itself calls it a tie):
+    ``twin`` (the perturbed twins; the twins' own truth runs must not separate them) and
+    ``same_mode`` (the last two checkpoints; counted only when the truth does not separate them)."""
     from probeselect.checkpoints import discover_checkpoints
 
     out = out_root / f"seed{seed}"
-    _, cfg = _run_cfg(config, out, seed, tiny)
+    cfg = _cfg(st, out_root, seed)
     spec_truth = _truth_spec(_spec(cfg))
-    truth = _rank(out / "truth", spec_truth)
-    ckpts = discover_checkpoints(Path(cfg["_paths"]["ladder"]))
-    src = next(c for c in ckpts if c.name == truth.top)
-    last2 = [c for c in ckpts if c.step is not None][-2:]
-    twin = out / "ties" / "twin" / "bases" / f"twin-of-{src.name}"
-    return [("twin", [str(src.path), str(twin)], True),
+    twins = _make_twins(seed, out_root, st)
+    twin_truth = _rank(out / "ties" / "twin" / "truth", spec_truth, [Path(t).name for t in twins])
+    last2 = [c for c in discover_checkpoints(Path(cfg["_paths"]["ladder"])) if c.step is not None][-2:]
+    return [("twin", twins, twin_truth.verdict != "winner"),
             ("same_mode", [str(c.path) for c in last2],
              _rank(out / "truth", spec_truth, [c.name for c in last2]).verdict != "winner")]
 
 
-def _stage_tie(seed: int, out_root: Path, config: Path, tiny: bool, name: str, bases: list[str]) -> float:
-    """Pilot one planted tie at the pilot budget (the twin's byte copy is made here)."""
+def _stage_tie(seed: int, out_root: Path, st: dict, name: str, bases: list[str]) -> float:
+    """Pilot one planted tie at the pilot budget (pilot recipe and seeds of CONFIG)."""
     out = out_root / f"seed{seed}"
-    _, cfg = _run_cfg(config, out, seed, tiny)
+    cfg = _cfg(st, out_root, seed)
     t0 = time.perf_counter()
-    if name == "twin":
-        src, copy = Path(bases[0]), Path(bases[1])
-        if not (copy / "config.json").is_file():
-            shutil.rmtree(copy, ignore_errors=True)
-            copy.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copytree(src, copy)
     pilot_cfg = cfg["pilot"]
     _pilot(bases, pilot_cfg["recipe"], out / "ties" / name / "pilot", list(pilot_cfg.get("overrides") or []), None,
-           str(cfg.get("device", "auto")), extra=TINY_RECIPE if tiny else [])
+           str(cfg.get("device", "auto")), extra=TINY_RECIPE if st["tiny"] else [])
+    return time.perf_counter() - t0
+
+
+def probe_free_bases(checkpoints: list[tuple[str, int | None]], windows: dict, k: int) -> list[str]:
+    """The probe-free pilot's bases: the last checkpoint of each data window (``windows``: name ->
+    window, from data_lineage.json), in ladder order; without a lineage, ``k`` evenly spaced
+    checkpoints ending at the last one. ``checkpoints``: (name, step) in ladder order."""
+    named = [n for n, s in checkpoints if s is not None] or [n for n, _ in checkpoints]
+    if windows:
+        last: dict[str, str] = {}
+        for n in named:
+            if n in windows:
+                last[windows[n]] = n
+        return [n for n in named if n in set(last.values())]
+    k = max(1, min(k, len(named)))
+    idx = sorted({int(round(x)) for x in np.linspace(len(named) - 1, 0, k)} if k > 1 else {len(named) - 1})
+    return [named[i] for i in idx]
+
+
+def _probe_free_list(seed: int, out_root: Path, st: dict) -> list[str]:
+    from probeselect.checkpoints import discover_checkpoints
+    from probeselect.plan import load_selection_plan
+
+    cfg = _cfg(st, out_root, seed)
+    ladder = Path(cfg["_paths"]["ladder"])
+    ck = discover_checkpoints(ladder)
+    names = probe_free_bases([(c.name, c.step) for c in ck], _windows_of(ladder),
+                             int(load_selection_plan(cfg["plan"]).shortlist.k))
+    return [str(c.path) for c in ck if c.name in names]
+
+
+def _stage_probe_free(seed: int, out_root: Path, st: dict) -> float:
+    """The probe-free pilot: the pipeline's pilot recipe, overrides and seeds (same budget) on
+    :func:`probe_free_bases`, with the same leakage guard (the pipeline's probe items)."""
+    out = out_root / f"seed{seed}"
+    cfg = _cfg(st, out_root, seed)
+    pilot_cfg = cfg["pilot"]
+    t0 = time.perf_counter()
+    items = Path(cfg["_paths"]["run"]) / "items.jsonl"
+    extra = (TINY_RECIPE if st["tiny"] else []) + ([f"transfer.probe_items={json.dumps([str(items)])}"]
+                                                   if items.is_file() else [])
+    _pilot(_probe_free_list(seed, out_root, st), pilot_cfg["recipe"], out / "probe_free" / "pilot",
+           list(pilot_cfg.get("overrides") or []), None, str(cfg.get("device", "auto")), extra=extra)
     return time.perf_counter() - t0
 
 
@@ -254,37 +405,219 @@ def _truth_spec(spec):
     return spec
 
 
-def _seed_row(seed: int, out_root: Path, config: Path, tiny: bool, truth_seeds: int, ties_spec, secs: dict
-              ) -> tuple[dict, list[dict]]:
-    """The validity row and tie rows of a seed whose pipeline, truth and ties are on disk."""
+# ---------------------------------------------------------------------------
+# Metrics on the truth table (pure functions of per-seed truth values; tested on hand-made tables)
+# ---------------------------------------------------------------------------
+
+
+def pair_interval(best: np.ndarray, pick: np.ndarray, level: float = 0.95) -> tuple[float, float, float]:
+    """Paired t interval of mean(best - pick) over the truth's SFT seeds (values oriented so that
+    higher = better): (mean, low, high); low = high = NaN with fewer than 2 seeds; (0, 0, 0) when
+    the two are the same base."""
+    from scipy.stats import t as student_t
+
+    d = np.asarray(best, float) - np.asarray(pick, float)
+    n = len(d)
+    if n < 2:
+        return float(d.mean()) if n else float("nan"), float("nan"), float("nan")
+    half = float(student_t.ppf(0.5 + level / 2, n - 1) * d.std(ddof=1) / np.sqrt(n))
+    return float(d.mean()), float(d.mean() - half), float(d.mean() + half)
+
+
+def pick_metrics(per_seed: pd.DataFrame, best: str, pick: str, *, margin: float, min_seeds: int,
+                 level: float = 0.95) -> dict:
+    """How good a pick is on the truth. ``per_seed``: rows = bases, columns = truth SFT seeds
+    (oriented: higher = better). ``regret`` = mean(best - pick) with its paired-t interval
+    (``regret_lo``/``regret_hi``); ``agree`` (lenient, the plan's rule on the truth): the pick is
+    truth's best or the truth cannot separate them (not: n >= min_seeds and low > margin);
+    ``agree_strict``: pick == best; ``equiv_agree``: the pick is truth's best or the truth shows them
+    equivalent (the upper end of the interval of best - pick is below the tie margin)."""
+    if pick == best:
+        return {"regret": 0.0, "regret_lo": 0.0, "regret_hi": 0.0, "agree": True, "agree_strict": True,
+                "equiv_agree": True}
+    m, lo, hi = pair_interval(per_seed.loc[best].to_numpy(float), per_seed.loc[pick].to_numpy(float), level)
+    n = per_seed.shape[1]
+    separated = n >= min_seeds and lo == lo and lo > margin
+    return {"regret": m, "regret_lo": lo, "regret_hi": hi, "agree": not separated, "agree_strict": False,
+            "equiv_agree": bool(hi == hi and hi < margin)}
+
+
+def expected_metrics(per_seed: pd.DataFrame, best: str, picks_with_weights: list[tuple[str, float]], **kw) -> dict:
+    """Expected metrics of a randomised selector: the weighted mean of :func:`pick_metrics` over its
+    possible picks (weights sum to 1); no interval (``regret_lo``/``regret_hi`` NaN)."""
+    rows = [(pick_metrics(per_seed, best, p, **kw), w) for p, w in picks_with_weights]
+    out = {k: float(sum(w * float(r[k]) for r, w in rows)) for k in ("regret", "agree", "agree_strict", "equiv_agree")}
+    return {**out, "regret_lo": float("nan"), "regret_hi": float("nan")}
+
+
+def random_k_pilot_picks(values: pd.Series, pool: list[str], k: int) -> list[tuple[str, float]]:
+    """random k + pilot, computed from the truth without training: every k-subset of ``pool`` is
+    equally likely and the pilot is assumed to pick the subset's truth-best base (an oracle pilot:
+    favourable to this baseline). Returns (pick, probability) pairs. ``values`` oriented higher =
+    better; exact ties in a subset split evenly."""
+    from itertools import combinations
+
+    pool = list(pool)
+    k = max(1, min(k, len(pool)))
+    subsets = list(combinations(pool, k))
+    w: dict[str, float] = {}
+    for sub in subsets:
+        top = max(values[b] for b in sub)
+        winners = [b for b in sub if values[b] == top]
+        for b in winners:
+            w[b] = w.get(b, 0.0) + 1.0 / len(winners) / len(subsets)
+    return sorted(w.items())
+
+
+def clopper_pearson(x: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Exact binomial interval of x successes in n trials ((0, 1) when n = 0)."""
+    from scipy.stats import beta
+
+    if n == 0:
+        return 0.0, 1.0
+    a = 1 - level
+    lo = 0.0 if x == 0 else float(beta.ppf(a / 2, x, n - x + 1))
+    hi = 1.0 if x == n else float(beta.ppf(1 - a / 2, x + 1, n - x))
+    return lo, hi
+
+
+def mean_interval(x, level: float = 0.95) -> tuple[float, float, float]:
+    """Mean of ``x`` over validation seeds with its t interval (NaN bounds with < 2 values)."""
+    from scipy.stats import t as student_t
+
+    x = np.asarray([v for v in x if v == v], float)
+    if len(x) < 2:
+        return (float(x.mean()) if len(x) else float("nan")), float("nan"), float("nan")
+    half = float(student_t.ppf(0.5 + level / 2, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)))
+    return float(x.mean()), float(x.mean() - half), float(x.mean() + half)
+
+
+def naive_picks(steps: dict, bpb: pd.Series, capability: pd.Series, shortlisted: list[str]) -> dict:
+    """The picks of the probe-free naive selectors and of the probes alone: ``latest`` (highest
+    step), ``lowest_bpb`` (lowest pretraining held-out bits per byte), ``best_capability``
+    (highest plain-capability score), ``probes_only`` (shortlist rank 1). None where the input is
+    missing. ``steps``: checkpoint -> step (None for unnumbered ones)."""
+    stepped = {b: s for b, s in steps.items() if s is not None}
+    bpb, capability = bpb.dropna(), capability.dropna()
+    return {"latest": max(stepped, key=stepped.get) if stepped else None,
+            "lowest_bpb": str(bpb.idxmin()) if len(bpb) else None,
+            "best_capability": str(capability.idxmax()) if len(capability) else None,
+            "probes_only": str(shortlisted[0]) if shortlisted else None}
+
+
+def selector_rows(per_seed: pd.DataFrame, best: str, picks: dict, pool: list[str], k: int, **kw) -> list[dict]:
+    """One row per selector of :data:`SELECTORS` on the same truth. ``picks``: selector -> (pick,
+    decisive) for the deterministic selectors; ``random_k_pilot`` and ``random_eligible`` are
+    expected values over ``pool`` (the plan-eligible checkpoints) computed from the truth.
+    ``decisive_correct``: a decisive pick whose equivalence to truth's best the truth shows
+    (:func:`pick_metrics`' ``equiv_agree``); for the random selectors its expectation."""
+    val = per_seed.mean(axis=1)
+    rows = []
+    nan = {k_: float("nan") for k_ in ("regret", "regret_lo", "regret_hi", "agree", "agree_strict", "equiv_agree")}
+    for name in SELECTORS:
+        if name == "random_k_pilot":
+            m = expected_metrics(per_seed, best, random_k_pilot_picks(val, pool, k), **kw)
+            rows.append({"selector": name, "pick": None, "decisive": True, **m, "decisive_correct": m["equiv_agree"]})
+        elif name == "random_eligible":
+            m = expected_metrics(per_seed, best, [(b, 1 / len(pool)) for b in pool], **kw)
+            rows.append({"selector": name, "pick": None, "decisive": True, **m, "decisive_correct": m["equiv_agree"]})
+        elif name in picks:
+            p, dec = picks[name]
+            m = pick_metrics(per_seed, best, p, **kw) if p in per_seed.index else dict(nan)
+            rows.append({"selector": name, "pick": p, "decisive": bool(dec), **m,
+                         "decisive_correct": bool(dec and m["equiv_agree"] is True)})
+    # one type per column: 1.0 / 0.0 for a pick, the expectation for a random selector
+    for r in rows:
+        for c in ("agree", "agree_strict", "equiv_agree", "decisive_correct"):
+            r[c] = float(r[c])
+    return rows
+
+
+def _capability_score(summary: pd.DataFrame) -> pd.Series:
+    """Plain-capability score per checkpoint: the mean over capability families (summary.csv kind
+    ``capability``) of the family's mean ``candidate_accuracy`` over its variants."""
+    cap = summary[summary["kind"] == "capability"]
+    return cap.groupby(["checkpoint", "family"])["candidate_accuracy"].mean().groupby("checkpoint").mean()
+
+
+def _heldout_bpb(summary: pd.DataFrame) -> pd.Series:
+    h = summary[summary["family"] == "heldout_nll"]
+    return h.groupby("checkpoint")["bits_per_byte"].mean()
+
+
+def _seed_row(seed: int, out_root: Path, st: dict, ties_spec, secs: dict, facts: dict
+              ) -> tuple[dict, list[dict], list[dict]]:
+    """The validity row, selector rows and tie rows of a seed whose stages are all on disk."""
     from probeselect.checkpoints import discover_checkpoints
 
     out = out_root / f"seed{seed}"
-    _, cfg = _run_cfg(config, out, seed, tiny)
+    cfg = _cfg(st, out_root, seed)
     run_dir = Path(cfg["_paths"]["run"])
     ladder = Path(cfg["_paths"]["ladder"])
     spec = _spec(cfg)
     sel = json.loads((run_dir / "selection.json").read_text(encoding="utf-8"))
     conf = json.loads((run_dir / "confirm.json").read_text(encoding="utf-8")) if (run_dir / "confirm.json").is_file() \
         else None
-    r = sel["decision"]
-    pick = r.get("recommended") or r.get("top")
-    verdict = r.get("verdict")
-    ckpts = discover_checkpoints(ladder)
+    pilot_dec = sel["decision"]
+    ckpts = [c for c in discover_checkpoints(ladder)]
+    windows = _windows_of(ladder)
+    sign = 1.0 if spec.direction == "higher" else -1.0
 
     spec_truth = _truth_spec(spec)
     truth = _rank(out / "truth", spec_truth)
     tt = truth.table.set_index("base")
-    truth_best = truth.top
-    sign = 1.0 if spec.direction == "higher" else -1.0
-    truth_val = tt["value"].astype(float)
-    gap = float(sign * (truth_val[truth_best] - truth_val[pick])) if pick in tt.index else float("nan")
-
+    scols = [c for c in tt.columns if c.startswith("seed") and c[4:].isdigit()]
+    per_seed = sign * tt[scols].astype(float)                      # oriented: higher = better
+    val = sign * tt["value"].astype(float)
+    truth_best_all = str(val.idxmax())                            # best over all checkpoints
+    truth_best = truth.top or truth_best_all                      # best under the plan's selection constraints
     sl = pd.read_csv(run_dir / "shortlist.csv")
-    agg_col = next(c for c in ("mean_rank", "median_rank") if c in sl.columns)
-    sl = sl[sl[agg_col].notna() & sl["checkpoint"].astype(str).isin(tt.index)]
-    tau = _kendall_tau_b(-sl[agg_col].to_numpy(float), sign * truth_val.reindex(sl["checkpoint"].astype(str)).to_numpy())
+    sl["checkpoint"] = sl["checkpoint"].astype(str)
+    plan_ok = set(sl.loc[sl["passes_constraints"].astype(bool), "checkpoint"]) & set(tt.index)
+    elig_truth = set(tt.index[tt["eligible"].astype(bool)])
+    pool = ([b for b in tt.index if b in plan_ok and b in elig_truth] or [b for b in tt.index if b in elig_truth]
+            or list(tt.index))
+    truth_best_plan = max(pool, key=lambda b: val[b]) if pool else None
+    kw = {"margin": float(spec.tie_margin), "min_seeds": int(spec.min_sft_seeds), "level": float(spec.level)}
 
+    # --- the picks ---
+    cd = (conf or {}).get("confirm_decision") or {}
+    if conf:
+        pipe_pick = cd.get("top") or cd.get("recommended") or pilot_dec.get("recommended") or pilot_dec.get("top")
+        decided = cd.get("verdict") == "winner" and bool(conf.get("held", True))
+    else:
+        pipe_pick = pilot_dec.get("recommended") or pilot_dec.get("top")
+        decided = pilot_dec.get("verdict") == "winner"
+    summary = pd.read_csv(run_dir / "summary.csv")
+    bpb = _heldout_bpb(summary).reindex(tt.index)
+    capab = _capability_score(summary).reindex(tt.index)
+    shortlisted = json.loads((run_dir / "shortlist.json").read_text(encoding="utf-8"))["selected"]
+    pf = _rank(out / "probe_free" / "pilot", spec)
+    naive = naive_picks({c.name: c.step for c in ckpts if c.name in tt.index}, bpb, capab,
+                        [str(x["checkpoint"]) for x in shortlisted])
+    picks = {"pipeline": (pipe_pick, bool(decided)), **{n: (p, True) for n, p in naive.items()},
+             "probe_free_pilot": (pf.recommended or pf.top, pf.verdict == "winner")}
+    k = int(len(shortlisted) or 3)
+    notes = {"pipeline": f"confirmation: {cd.get('verdict', pilot_dec.get('verdict'))}", "latest": "last checkpoint",
+             "lowest_bpb": "lowest pretraining held-out bpb", "best_capability": "highest mean capability candidate_accuracy",
+             "probes_only": "shortlist rank 1",
+             "probe_free_pilot": f"pilot of {' '.join(str(b) for b in pf.table['base'])}: {pf.verdict}",
+             "random_k_pilot": f"expected over all {k}-subsets of the {len(pool)} plan-eligible checkpoints, oracle pilot",
+             "random_eligible": f"expected over the {len(pool)} plan-eligible checkpoints"}
+    sel_rows = [{"seed": seed, **r, "pick_window": windows.get(r["pick"], "") if r["pick"] else "",
+                 "note": notes[r["selector"]]} for r in selector_rows(per_seed, truth_best, picks, pool, k, **kw)]
+
+    # --- Kendall tau against the truth ---
+    agg_col = next(c for c in ("mean_rank", "median_rank") if c in sl.columns)
+    sla = sl[sl[agg_col].notna() & sl["checkpoint"].isin(tt.index)]
+    tau_probe = _kendall_tau_b(-sla[agg_col].to_numpy(float), val.reindex(sla["checkpoint"]).to_numpy())
+    steps = {c.name: c.step for c in ckpts}
+    stepped = [b for b in tt.index if steps.get(b) is not None]
+    tau_step = _kendall_tau_b(np.array([steps[b] for b in stepped], float), val.reindex(stepped).to_numpy())
+    hb = bpb.dropna()
+    tau_bpb = _kendall_tau_b(-hb.to_numpy(float), val.reindex(hb.index).to_numpy())
+
+    # --- ties ---
     ties = []
     for name, bases, truth_tie in ties_spec:
         rk = _rank(out / "ties" / name / "pilot", spec)
@@ -293,66 +626,50 @@ def _seed_row(seed: int, out_root: Path, config: Path, tiny: bool, truth_seeds: 
                      "diff_ci_low": rk.diff_ci[0] if rk.diff_ci else None,
                      "diff_ci_high": rk.diff_ci[1] if rk.diff_ci else None,
                      "false_clear_winner": bool(truth_tie and rk.verdict == "winner")})
-    conf_line = (conf or {}).get("statement") or ""
-    shortlisted = {str(x["checkpoint"]) for x in
-                   json.loads((run_dir / "shortlist.json").read_text(encoding="utf-8"))["selected"]}
-    # Tie-aware agreement: when the truth itself (every checkpoint, truth_seeds SFT seeds at the
-    # confirmation budget) cannot separate the pick from its best under the plan's own decision
-    # rule, the pick is one of the truly best bases.
-    if pick == truth_best or pick not in tt.index:
-        truth_vs_pick = "same" if pick == truth_best else "pick not in truth"
-    else:
-        truth_vs_pick = _rank(out / "truth", spec_truth, [truth_best, pick]).verdict
-    # The naive baseline a probe-based pick must beat: post-train the latest checkpoint. Scored
-    # with the same tie-aware rule; when it agrees as often as the pick, the validation cannot
-    # tell the probes from "take the latest".
-    latest = [c for c in ckpts if c.step is not None][-1].name
-    if latest == truth_best or latest not in tt.index:
-        truth_vs_latest = "same" if latest == truth_best else "latest not in truth"
-    else:
-        truth_vs_latest = _rank(out / "truth", spec_truth, [truth_best, latest]).verdict
-    latest_gap = float(sign * (truth_val[truth_best] - truth_val[latest])) if latest in tt.index else float("nan")
-    windows = _windows_of(ladder)
-    scols = [c for c in tt.columns if c.startswith("seed") and c[4:].isdigit()]
-    truth_rows = [{"seed": seed, "checkpoint": b, "window": windows.get(b, ""), "truth_value": float(truth_val[b]),
+
+    short_names = {str(x["checkpoint"]) for x in shortlisted}
+    truth_rows = [{"seed": seed, "checkpoint": b, "window": windows.get(b, ""), "truth_value": float(tt.loc[b, "value"]),
                    "truth_seed_sd": float(np.std(tt.loc[b, scols].to_numpy(float), ddof=1)) if len(scols) > 1
-                   else float("nan"), "eligible": bool(tt.loc[b, "eligible"]),
-                   "shortlisted": b in shortlisted, "pick": b == pick} for b in tt.index]
+                   else float("nan"), "eligible": bool(tt.loc[b, "eligible"]), "plan_eligible": b in plan_ok,
+                   "shortlisted": b in short_names, "pick": b == pipe_pick,
+                   "heldout_bpb": float(bpb.get(b, np.nan)), "capability": float(capab.get(b, np.nan))}
+                  for b in tt.index]
     atomic_write_csv(out / "truth_values.csv", pd.DataFrame(truth_rows).sort_values("checkpoint", key=lambda c: c.map(
         lambda n: int(n.rsplit("-", 1)[-1]) if n.rsplit("-", 1)[-1].isdigit() else 0)))
-    row = {"seed": seed, **_dip_columns(run_dir, ladder), "pick": pick, "pick_window": windows.get(pick, ""), "truth_best": truth_best,
-           "agree": bool(pick == truth_best or truth_vs_pick == "no_clear_winner"),
-           "agree_strict": bool(pick == truth_best), "truth_separates_pick": bool(pick != truth_best and truth_vs_pick != "no_clear_winner"),
-           "pick_truth_gap": gap, "latest": latest,
-           "latest_agree": bool(latest == truth_best or truth_vs_latest == "no_clear_winner"),
-           "latest_truth_gap": latest_gap, "kendall_tau": tau, "n_ranked": int(len(sl)),
-           "shortlist": " ".join(f"{x['checkpoint']}({windows.get(str(x['checkpoint']), '?')})" for x in
-                                 json.loads((run_dir / "shortlist.json").read_text(encoding="utf-8"))["selected"]),
-           "decision": verdict, "confirmation": conf_line, "truth_verdict": truth.verdict,
-           "truth_seeds": truth_seeds, "seconds_pipeline": round(secs.get("pipeline", 0.0), 1),
-           "seconds_truth": round(secs.get("truth", 0.0), 1), "seconds_ties": round(secs.get("ties", 0.0), 1)}
-    return row, ties
+    pm = next(r for r in sel_rows if r["selector"] == "pipeline")
+    lm = next(r for r in sel_rows if r["selector"] == "latest")
+    row = {"seed": seed, **_dip_columns(run_dir, ladder), "pick": pipe_pick, "pick_window": windows.get(pipe_pick, ""),
+           "decided": bool(decided), "truth_best": truth_best, "truth_best_all": truth_best_all,
+           "truth_best_plan_eligible": truth_best_plan,
+           "agree": pm["agree"], "agree_strict": pm["agree_strict"], "equiv_agree": pm["equiv_agree"],
+           "decisive_correct": pm["decisive_correct"], "regret": pm["regret"], "regret_lo": pm["regret_lo"],
+           "regret_hi": pm["regret_hi"], "latest": lm["pick"], "latest_agree": lm["agree"],
+           "latest_equiv_agree": lm["equiv_agree"], "latest_regret": lm["regret"],
+           "tau_probes": tau_probe, "tau_step": tau_step, "tau_neg_bpb": tau_bpb, "n_ranked": int(len(sla)),
+           "shortlist": " ".join(f"{x['checkpoint']}({windows.get(str(x['checkpoint']), '?')})" for x in shortlisted),
+           "probe_free_bases": " ".join(str(b) for b in pf.table["base"]),
+           "decision": pilot_dec.get("verdict"), "confirmation": (conf or {}).get("statement") or "",
+           "truth_verdict": truth.verdict, "truth_seeds": " ".join(str(s) for s in st["truth_seeds"]),
+           **{f"seconds_{k}": round(v, 1) for k, v in secs.items()}}
+    return row, sel_rows, ties
 
 
-
-
-def validate_seed(seed: int, out_root: Path, *, config: Path, truth_seeds: int, tiny: bool,
-                  log=print) -> tuple[dict, list[dict]]:
-    """Validate one toy seed in this process (the stages of :func:`validate`, one after the
-    other); returns (validity row, tie rows)."""
-    config = Path(config)
-    log(f"[seed {seed}] pipeline: probeselect run {config} out={out_root / f'seed{seed}'} ladder.toy.seed={seed}")
-    p = _stage_pipeline(seed, out_root, config, tiny)
-    secs = {"pipeline": p["seconds"], "truth": 0.0, "ties": 0.0}
-    log(f"[seed {seed}] truth: {len(p['checkpoints'])} checkpoints x {truth_seeds} SFT seeds")
-    for c in p["checkpoints"]:
-        secs["truth"] += _stage_truth(seed, out_root, config, tiny, truth_seeds, c)
-    _merge_truth(out_root / f"seed{seed}" / "truth", p["checkpoints"])
-    ties_spec = _tie_bases(seed, out_root, config, tiny)
-    for name, bases, _tie in ties_spec:
-        log(f"[seed {seed}] tie {name}: {[Path(b).name for b in bases]}")
-        secs["ties"] += _stage_tie(seed, out_root, config, tiny, name, bases)
-    return _seed_row(seed, out_root, config, tiny, truth_seeds, ties_spec, secs)
+def _summaries(sel: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
+    """One row per selector over the validation seeds: regret mean (t interval over seeds) and max,
+    and the share of seeds with each agreement (expected values for the random selectors)."""
+    rows = []
+    for name in SELECTORS:
+        g = sel[sel["selector"] == name]
+        if g.empty:
+            continue
+        m, lo, hi = mean_interval(g["regret"].astype(float), level)
+        rows.append({"selector": name, "n_seeds": len(g), "regret_mean": m, "regret_mean_lo": lo, "regret_mean_hi": hi,
+                     "regret_max": float(g["regret"].astype(float).max()),
+                     "agree": float(g["agree"].astype(float).sum()), "agree_strict": float(g["agree_strict"].astype(float).sum()),
+                     "equiv_agree": float(g["equiv_agree"].astype(float).sum()),
+                     "decisive": float(g["decisive"].astype(float).sum()),
+                     "decisive_correct": float(g["decisive_correct"].astype(float).sum())})
+    return pd.DataFrame(rows)
 
 
 def _windows_of(ladder: Path) -> dict:
@@ -405,114 +722,228 @@ def _markdown(df: pd.DataFrame) -> str:
     return "\n".join(out)
 
 
-def _schedule(seeds, out: Path, config: Path, truth_seeds: int, tiny: bool, jobs: int, log, keep) -> None:
-    """Run every stage of every seed on ``jobs`` single-threaded worker processes, each stage as
-    soon as its inputs exist: pipelines first, then one truth task per checkpoint of a finished
-    pipeline, then a seed's two ties once its truth is complete. Tasks are minutes long, so the
-    workers stay busy to the end (a process per seed would leave cores idle at the tail, and five
-    processes on two cores lose time to sharing caches)."""
+class _Inline:
+    """An executor that runs each task at submission, in this process (``jobs=1``)."""
+
+    def submit(self, fn, *args):
+        from concurrent.futures import Future
+
+        f: Future = Future()
+        try:
+            f.set_result(fn(*args))
+        except BaseException as e:  # noqa: BLE001 - re-raised by f.result()
+            f.set_exception(e)
+        return f
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def _schedule(seeds, out: Path, st: dict, jobs: int, log, keep) -> None:
+    """Run every stage of every seed, each as soon as its inputs exist: a seed's pipeline; then
+    (main process) its truth suite and perturbed twins, and one truth task per checkpoint and per
+    twin plus the probe-free pilot; then its two tie pilots; then its row. ``jobs > 1``: on ``jobs``
+    single-threaded worker processes (tasks are minutes long, so the workers stay busy);
+    ``jobs = 1``: in this process, one after the other (same results). Every finished task is
+    logged with its seconds and the wall time so far."""
     import multiprocessing as mp
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-    os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the spawned workers
-    secs = {s: {"pipeline": 0.0, "truth": 0.0, "ties": 0.0} for s in seeds}
+    t_start = time.perf_counter()
+    secs = {s: {"pipeline": 0.0, "truth": 0.0, "probe_free": 0.0, "ties": 0.0} for s in seeds}
     left: dict[int, set] = {}
     ckpts_of: dict[int, list] = {}
+    twins_of: dict[int, list] = {}
     ties_of: dict[int, list] = {}
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"), initializer=_init_worker) as ex:
+    facts: dict[int, dict] = {}
+    phase: dict[int, str] = {}
+    if jobs > 1:
+        os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the spawned workers
+        ex_cm = ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"), initializer=_init_worker)
+    else:
+        ex_cm = _Inline()
+    with ex_cm as ex:
         pending = {}
+
+        def submit(key, fn, *args):
+            pending[ex.submit(fn, *args)] = key
+
         for s in seeds:
-            log(f"[seed {s}] pipeline: probeselect run {config} out={out / f'seed{s}'} ladder.toy.seed={s}")
-            pending[ex.submit(_stage_pipeline, s, out, config, tiny)] = ("pipeline", s, None)
+            log(f"[seed {s}] pipeline: probeselect run {st['config']} out={out / f'seed{s}'} ladder.toy.seed={s}")
+            submit(("pipeline", s, None), _stage_pipeline, s, out, st)
         while pending:
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            done = [f for f in pending if f.done()] or list(wait(pending, return_when=FIRST_COMPLETED)[0])
             for f in sorted(done, key=lambda f: (pending[f][1], pending[f][0], str(pending[f][2]))):
                 kind, s, what = pending.pop(f)
                 res = f.result()  # a failed stage stops the validation with its own error
+                took = res["seconds"] if kind == "pipeline" else res
+                log(f"[seed {s}] done {kind}{' ' + str(what) if what else ''}: {took:.0f} s "
+                    f"(wall {time.perf_counter() - t_start:.0f} s)")
                 if kind == "pipeline":
-                    secs[s]["pipeline"] = res["seconds"]
-                    left[s] = set(res["checkpoints"])
-                    log(f"[seed {s}] truth: {len(res['checkpoints'])} checkpoints x {truth_seeds} SFT seeds")
-                    for c in res["checkpoints"]:
-                        pending[ex.submit(_stage_truth, s, out, config, tiny, truth_seeds, c)] = ("truth", s, c)
+                    secs[s]["pipeline"] = took
                     ckpts_of[s] = list(res["checkpoints"])
-                elif kind == "truth":
-                    secs[s]["truth"] += res
-                    left[s].discard(what)
-                    if not left[s]:
-                        _merge_truth(out / f"seed{s}" / "truth", ckpts_of[s])
-                        spec = _tie_bases(s, out, config, tiny)
-                        ties_of[s] = spec
-                        left[s] = {name for name, _, _ in spec}
-                        for name, bases, _tie in spec:
-                            log(f"[seed {s}] tie {name}: {[Path(b).name for b in bases]}")
-                            pending[ex.submit(_stage_tie, s, out, config, tiny, name, bases)] = ("tie", s, name)
+                    facts[s] = _write_truth_suite(s, out, st)
+                    twins_of[s] = _make_twins(s, out, st)
+                    ladder = Path(_cfg(st, out, s)["_paths"]["ladder"])
+                    log(f"[seed {s}] truth: {len(ckpts_of[s])} checkpoints + 2 perturbed twins x SFT seeds "
+                        f"{st['truth_seeds']}; probe-free pilot")
+                    left[s] = set()
+                    for c in ckpts_of[s]:
+                        left[s].add(("truth", c))
+                        submit(("truth", s, c), _stage_truth, s, out, st, str(ladder / c), "truth")
+                    for t in twins_of[s]:
+                        left[s].add(("twin_truth", Path(t).name))
+                        submit(("twin_truth", s, Path(t).name), _stage_truth, s, out, st, t, "ties/twin/truth")
+                    left[s].add(("probe_free", None))
+                    submit(("probe_free", s, None), _stage_probe_free, s, out, st)
+                    phase[s] = "truth"
+                    continue
+                if kind in ("truth", "twin_truth"):
+                    secs[s]["truth"] += took
+                elif kind == "probe_free":
+                    secs[s]["probe_free"] += took
                 else:
-                    secs[s]["ties"] += res
-                    left[s].discard(what)
-                    if not left[s]:
-                        keep(*_seed_row(s, out, config, tiny, truth_seeds, ties_of[s], secs[s]))
+                    secs[s]["ties"] += took
+                left[s].discard((kind, what))
+                if left[s]:
+                    continue
+                if phase[s] == "truth":
+                    _merge_truth(out / f"seed{s}" / "truth", ckpts_of[s])
+                    _merge_truth(out / f"seed{s}" / "ties" / "twin" / "truth", [Path(t).name for t in twins_of[s]])
+                    ties_of[s] = _tie_bases(s, out, st)
+                    phase[s] = "ties"
+                    for name, bases, _tie in ties_of[s]:
+                        left[s].add(("tie", name))
+                        log(f"[seed {s}] tie {name}: {[Path(b).name for b in bases]}")
+                        submit(("tie", s, name), _stage_tie, s, out, st, name, bases)
+                else:
+                    keep(*_seed_row(s, out, st, ties_of[s], secs[s], facts[s]), facts[s])
+                    log(f"[seed {s}] row written (wall {time.perf_counter() - t_start:.0f} s)")
 
 
-def validate(seeds: list[int], out: Path, *, config: Path = ROOT / "recipes" / "demo.yaml", truth_seeds: int = 6,
-             tiny: bool = False, log=print, jobs: int = 1) -> dict:
-    """Validate every seed; write validity.csv/.md, ties.csv and validity.json. ``jobs=1``: the
-    seeds one after the other in this process (:func:`validate_seed`); ``jobs>1``: every stage of
-    every seed on ``jobs`` single-threaded worker processes (:func:`_schedule`; same results)."""
+#: CPU-seconds per task, single-threaded, measured on the project's 2-core machine in the last full
+#: run (2026-12-02, bench/VALIDITY.md): pipeline per seed (ladder build included); one truth SFT run
+#: at the confirmation budget (300 steps, 280 task items, no robustness/held-out); one pilot run at the
+#: pilot budget (150 steps, with robustness and held-out evaluation).
+COST_PIPELINE_S, COST_TRUTH_RUN_S, COST_PILOT_RUN_S = 590.0, 22.3, 11.5
+
+
+def budget_estimate(n_seeds: int, truth_seeds: int, jobs: int, *, n_checkpoints: int = 10, pilot_seeds: int = 3,
+                    probe_free_bases: int = 3) -> dict:
+    """Estimated CPU-seconds per seed and wall minutes (CPU / jobs, no tail) of a full validation."""
+    per = {"pipeline": COST_PIPELINE_S,
+           "truth": (n_checkpoints + 2) * truth_seeds * COST_TRUTH_RUN_S,
+           "probe_free": probe_free_bases * pilot_seeds * COST_PILOT_RUN_S,
+           "ties": 2 * 2 * pilot_seeds * COST_PILOT_RUN_S}
+    total = sum(per.values()) * n_seeds
+    return {"per_seed_cpu_s": {k: round(v) for k, v in per.items()}, "per_seed_total_cpu_s": round(sum(per.values())),
+            "total_cpu_s": round(total), "wall_min_estimate": round(total / max(1, jobs) / 60, 1), "jobs": jobs,
+            "assumes": "costs measured 2026-12-02 on 2 cores (COST_* constants); the toy ladder's 10 checkpoints"}
+
+
+def validate(seeds: list[int], out: Path, *, config: Path = ROOT / "recipes" / "demo.yaml", truth_seeds: int = 4,
+             tiny: bool = False, log=print, jobs: int = 1, truth_seed_start: int = TRUTH_SEED_START,
+             twin_noise: float = TWIN_NOISE) -> dict:
+    """Validate every seed; write validity.csv/.md, selectors.csv, selector_summary.csv, ties.csv,
+    truth_values.csv and validity.json. ``jobs=1``: in this process; ``jobs>1``: every stage on
+    ``jobs`` single-threaded worker processes (:func:`_schedule`; same results)."""
     out = Path(out)
-    rows, ties = [], []
+    st = _settings(config, tiny, truth_seeds, truth_seed_start, twin_noise)
+    rows, sels, ties, facts = [], [], [], {}
     t0 = time.perf_counter()
+    order = lambda r: seeds.index(r["seed"])  # noqa: E731
 
-    def _keep(row, tie):
+    def _keep(row, sel, tie, fact):
         rows.append(row)
+        sels.extend(sel)
         ties.extend(tie)
-        rows.sort(key=lambda r: seeds.index(r["seed"]))
+        facts[str(row["seed"])] = fact  # JSON keys are strings
+        rows.sort(key=order)
         atomic_write_csv(out / "validity.csv", pd.DataFrame(rows))
-        atomic_write_csv(out / "ties.csv", pd.DataFrame(sorted(ties, key=lambda t: (seeds.index(t["seed"]), t["tie"]))))
+        atomic_write_csv(out / "selectors.csv", pd.DataFrame(sorted(sels, key=lambda r: (order(r), SELECTORS.index(r["selector"])))))
+        atomic_write_csv(out / "ties.csv", pd.DataFrame(sorted(ties, key=lambda t: (order(t), t["tie"]))))
 
-    if jobs > 1:
-        _schedule(seeds, out, Path(config), truth_seeds, tiny, jobs, log, _keep)
-    else:
-        for s in seeds:
-            _keep(*validate_seed(s, out, config=Path(config), truth_seeds=truth_seeds, tiny=tiny, log=log))
+    _schedule(seeds, out, st, jobs, log, _keep)
     df = pd.DataFrame(rows)
-    tdf = pd.DataFrame(sorted(ties, key=lambda t: (seeds.index(t["seed"]), t["tie"])))
+    sdf = pd.DataFrame(sorted(sels, key=lambda r: (order(r), SELECTORS.index(r["selector"]))))
+    tdf = pd.DataFrame(sorted(ties, key=lambda t: (order(t), t["tie"])))
+    summ = _summaries(sdf)
+    atomic_write_csv(out / "selector_summary.csv", summ)
     tv = [out / f"seed{s}" / "truth_values.csv" for s in seeds]
     if all(p.is_file() for p in tv):
         atomic_write_csv(out / "truth_values.csv", pd.concat([pd.read_csv(p) for p in tv], ignore_index=True))
     counted = tdf[tdf["truth_is_tie"]]
-    totals = {"seeds": seeds, "agree": int(df["agree"].sum()), "agree_strict": int(df["agree_strict"].sum()),
+    fw = int(counted["false_clear_winner"].sum())
+    fw_ci = clopper_pearson(fw, len(counted))
+    cfg0 = _cfg(st, out, seeds[0])
+    pilot_seeds = _recipe_seeds(cfg0["pilot"])
+    confirm_seeds = _recipe_seeds(cfg0.get("confirm") or cfg0["pilot"])
+    totals = {"seeds": seeds, "dev_seeds": DEV_SEEDS, "fresh": not (set(seeds) & set(DEV_SEEDS)),
+              "truth_seeds": st["truth_seeds"], "pilot_seeds": pilot_seeds, "confirm_seeds": confirm_seeds,
+              "truth_stream": TRUTH_STREAM, "twin_noise": st["twin_noise"], "transfer_suites": facts,
+              "agree": int(df["agree"].sum()), "agree_strict": int(df["agree_strict"].sum()),
+              "equiv_agree": int(df["equiv_agree"].sum()), "decisive_correct": int(df["decisive_correct"].sum()),
               "latest_agree": int(df["latest_agree"].sum()),
-              "dip_pass": int(df["dip_pass"].fillna(False).astype(bool).sum()),
-              "n": len(df), "jobs": jobs,
-              "false_clear_winners": int(counted["false_clear_winner"].sum()), "ties_counted": len(counted),
-              "mean_kendall_tau": float(df["kendall_tau"].mean()), "seconds": round(time.perf_counter() - t0, 1),
-              "config": str(config), "truth_seeds": truth_seeds, "tiny": tiny}
+              "dip_pass": int(df["dip_pass"].fillna(False).astype(bool).sum()), "n": len(df), "jobs": jobs,
+              "false_clear_winners": fw, "ties_counted": len(counted), "false_winner_rate_ci95": list(fw_ci),
+              "mean_tau_probes": float(df["tau_probes"].mean()), "mean_tau_step": float(df["tau_step"].mean()),
+              "mean_tau_neg_bpb": float(df["tau_neg_bpb"].mean()),
+              "selectors": summ.to_dict("records"),
+              "seconds": round(time.perf_counter() - t0, 1), "config": str(config), "tiny": tiny}
+    if set(pilot_seeds + confirm_seeds) & set(st["truth_seeds"]):
+        raise RuntimeError(f"truth SFT seeds {st['truth_seeds']} overlap the pilot/confirmation seeds "
+                           f"{pilot_seeds} / {confirm_seeds}; pass another --truth-seed-start.")
     atomic_write_json(out / "validity.json", totals)
-    atomic_write_text(out / "validity.md", _markdown(df) + "\n\n" + _markdown(tdf) + "\n\n"
-                      + f"agreement {totals['agree']}/{totals['n']} (pick = truth's best, or the truth cannot "
-                        f"separate them: {totals['agree']}; pick = truth's best exactly: {totals['agree_strict']}); "
-                        f"baseline 'take the latest checkpoint' agrees on {totals['latest_agree']}/{totals['n']}; "
-                        f"false clear winners on ties "
-                        f"{totals['false_clear_winners']}/{totals['ties_counted']}\n")
+    atomic_write_text(out / "validity.md", _markdown(df) + "\n\n" + _markdown(sdf) + "\n\n" + _markdown(summ) + "\n\n"
+                      + _markdown(tdf) + "\n\n"
+                      + f"pipeline: agreement {totals['agree']}/{totals['n']} (lenient), strict {totals['agree_strict']}, "
+                        f"equivalence {totals['equiv_agree']}, decisive and correct {totals['decisive_correct']}; "
+                        f"'take the latest' agrees on {totals['latest_agree']}/{totals['n']}; false clear winners on "
+                        f"ties {fw}/{len(counted)} (95% CI {fw_ci[0]:.2f}-{fw_ci[1]:.2f}); mean tau probes "
+                        f"{totals['mean_tau_probes']:.2f}, step {totals['mean_tau_step']:.2f}, -bpb "
+                        f"{totals['mean_tau_neg_bpb']:.2f}\n")
     return totals
+
+
+def _recipe_seeds(section: dict) -> list[int]:
+    """The SFT seeds a pipeline section trains (its ``seeds=`` override, else the recipe's)."""
+    for o in reversed(list(section.get("overrides") or [])):
+        if isinstance(o, str) and o.startswith("seeds="):
+            return [int(x) for x in json.loads(o.split("=", 1)[1])]
+    return [int(x) for x in load_yaml(Path(section["recipe"])).get("seeds", [0])]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="toy seeds (default 0 1 2 3 4)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=FRESH_SEEDS,
+                    help=f"toy seeds (default {' '.join(map(str, FRESH_SEEDS))}: fresh; {DEV_SEEDS} were used in development)")
     ap.add_argument("--out", type=Path, default=Path("results/validity"))
     ap.add_argument("--config", type=Path, default=ROOT / "recipes" / "demo.yaml", help="pipeline config")
-    ap.add_argument("--truth-seeds", type=int, default=6, help="SFT seeds of the ground truth (default 6)")
+    ap.add_argument("--truth-seeds", type=int, default=4, help="number of SFT seeds of the ground truth (default 4)")
+    ap.add_argument("--truth-seed-start", type=int, default=TRUTH_SEED_START,
+                    help=f"first truth SFT seed (default {TRUTH_SEED_START}; must not overlap the pilot/confirm seeds)")
+    ap.add_argument("--twin-noise", type=float, default=TWIN_NOISE, help=f"perturbed twins' relative weight noise "
+                    f"(default {TWIN_NOISE})")
     ap.add_argument("--tiny", action="store_true", help="smoke version: tiny ladder and budgets (plumbing only)")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes (default 1 = in this process; "
                     "on N cores use N: every stage runs single-threaded, the seeds' stages are scheduled across the workers)")
+    ap.add_argument("--budget-estimate", action="store_true", help="print the estimated CPU time and wall time and exit")
     a = ap.parse_args(argv)
     if a.truth_seeds < 1:
         ap.error("--truth-seeds must be >= 1")
-    totals = validate(a.seeds, a.out, config=a.config, truth_seeds=a.truth_seeds, tiny=a.tiny, jobs=a.jobs)
+    if a.budget_estimate:
+        print(json.dumps(budget_estimate(len(a.seeds), a.truth_seeds, a.jobs), indent=1))
+        return 0
+    if set(a.seeds) & set(DEV_SEEDS):
+        print(f"note: seeds {sorted(set(a.seeds) & set(DEV_SEEDS))} were used in development; not a held-out test",
+              file=sys.stderr)
+    totals = validate(a.seeds, a.out, config=a.config, truth_seeds=a.truth_seeds, tiny=a.tiny, jobs=a.jobs,
+                      truth_seed_start=a.truth_seed_start, twin_noise=a.twin_noise)
     print((a.out / "validity.md").read_text(encoding="utf-8"))
-    print(json.dumps(totals))
+    print(json.dumps({k: v for k, v in totals.items() if k not in ("selectors", "transfer_suites")}))
     return 0
 
 

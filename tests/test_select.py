@@ -296,3 +296,18 @@ def test_proxy_validation_correlates_the_oriented_quantity_the_shortlist_ranks(t
     assert r["heldout_nll/bpb:bits_per_byte"] == pytest.approx(1.0)  # raw bpb would give -1
     assert r["conf/*:mean_margin"] == pytest.approx(1.0)  # the mean value would give 0.4
     assert r["shortlist aggregate (mean_rank)"] == pytest.approx(1.0)
+
+
+def test_p_best_splits_exact_ties_evenly(tmp_path):
+    """Twins with identical seed values are the best in every draw together: each gets half
+    (argmax gave every draw to the first, 1.0 vs 0.0); a third, worse base keeps its share."""
+    vals = {"twin-a": [0.60, 0.70, 0.65], "twin-b": [0.60, 0.70, 0.65], "c": [0.55, 0.72, 0.50]}
+    transfer = pd.DataFrame([dict(base=b, seed=s, metric="task_accuracy", value=v)
+                             for b, vs in vals.items() for s, v in enumerate(vs)])
+    r = rank_bases(PilotTables(tmp_path, transfer, None, None), SelectionSpec(primary="task_accuracy", bootstrap=2000))
+    t = r.table.set_index("base")
+    assert t.loc["twin-a", "p_best"] == pytest.approx(t.loc["twin-b", "p_best"], abs=1e-12)
+    assert t.loc["twin-a", "p_best"] > 0.25 and t["p_best"].sum() == pytest.approx(1.0, abs=1e-9)
+    two = transfer[transfer["base"] != "c"]
+    t2 = rank_bases(PilotTables(tmp_path, two, None, None), SelectionSpec(primary="task_accuracy")).table.set_index("base")
+    assert t2["p_best"].tolist() == pytest.approx([0.5, 0.5], abs=1e-12)

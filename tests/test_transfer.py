@@ -325,6 +325,36 @@ def test_check_disjoint_from_probes(tmp_path, model_tok):
         evaluate_transfer(model, tok, {"tasks": str(suite), "probe_items": [str(probes)]}, device="cpu")
 
 
+def test_check_disjoint_from_probes_compares_the_last_line_of_multiline_items(tmp_path):
+    """A multi-line transfer item (solved lines, then the query) whose last line repeats a probe's
+    query with the probe's answer is refused; the whole-prompt key alone never matched it."""
+    probes = _write_jsonl(tmp_path / "items.jsonl", [
+        {"item_id": "arith_pattern/qa/0003", "prompt": "Q: What is 1 + 1? A: 5\nQ: What is 2 + 2? A: 5\nQ: What is 7 + 5? A:",
+         "task_answer": " 12"}])
+    multi = [{"id": "fs1", "kind": "fewshot", "prompt": "3 + 4 = 9\n2 + 2 = 9\nQ: What is 7 + 5? A:", "response": " 12"}]
+    with pytest.raises(TransferError, match=r"fs1 = .*arith_pattern/qa/0003"):
+        check_disjoint_from_probes(multi, [probes])
+    check_disjoint_from_probes([{**multi[0], "response": " 13"}], [probes])  # other answer: not the probe item
+    check_disjoint_from_probes([{**multi[0], "prompt": "3 + 4 = 9\nQ: What is 7 + 6? A:", "response": " 13"}], [probes])
+
+
+def test_probe_template_matches_flags_items_built_from_a_probe_template():
+    from probeselect.transfer import check_not_probe_templates, probe_template_matches
+
+    rows = [{"id": "eq_demos", "prompt": "3 + 4 = 5\n6 - 1 = 5\nQ: What is 24 + 3? A:"},       # arith_pattern eq lines
+            {"id": "qa_query", "prompt": "Q: What is 24 + 3? A:"},                             # arith_pattern qa query
+            {"id": "persona", "prompt": "Ana is a baker from Oslo.\nQ: What do you like to do? A: I like chess.\n"
+                                        "Ben is a cook from Rome.\nQ: What do you like to do? A:"},
+            {"id": "arrow", "prompt": "24 + 3 -> 27\n25 - 3 -> 22\nQ: Compute 24 + 5. A:"},
+            {"id": "told", "prompt": "Ana is a baker from Oslo.\nQ: Tell me what you like to do. A: I like chess.\n"
+                                     "Ben is a cook from Rome.\nQ: Tell me what you like to do. A:"}]
+    got = {i: f for i, f, _ in probe_template_matches(rows)}
+    assert got == {"eq_demos": "arith_pattern", "qa_query": "arith_pattern", "persona": "persona_qa"}
+    check_not_probe_templates(rows[3:])
+    with pytest.raises(TransferError, match=r"3 transfer task\(s\) are built from .*eq_demos"):
+        check_not_probe_templates(rows)
+
+
 def test_toy_suite_is_disjoint_from_default_probes(tiny_ladder, tmp_path):
     """The toy transfer files repeat no item of the built-in probe families."""
     from probeselect.probes import generate_items, list_families, spec_from_dict
@@ -337,6 +367,10 @@ def test_toy_suite_is_disjoint_from_default_probes(tiny_ladder, tmp_path):
     items = load_transfer_items({"tasks": str(data / "transfer.jsonl"), "robustness": str(data / "robustness.jsonl"),
                                  "heldout": str(data / "sft_heldout.jsonl")})
     check_disjoint_from_probes(items, [probes])
+    # no transfer task is built from a probe family's template (robustness items are SFT questions on purpose)
+    from probeselect.transfer import probe_template_matches
+
+    assert probe_template_matches(items.tasks) == []
     # held-out SFT rows share questions with the arithmetic probes, as the SFT data does
     with pytest.raises(TransferError, match="sft_heldout-"):
         check_disjoint_from_probes(items, [probes], include_heldout=True)

@@ -48,40 +48,65 @@ def test_validity_smoke_one_seed(smoke):
     out, totals = smoke
     df = pd.read_csv(out / "validity.csv")
     ties = pd.read_csv(out / "ties.csv")
+    sel = pd.read_csv(out / "selectors.csv")
     assert list(df["seed"]) == [0] and totals["n"] == 1
     row = df.iloc[0]
     ladder = out / "seed0" / "ladder"
     names = sorted(p.name for p in ladder.iterdir() if p.name.startswith("checkpoint-"))
-    assert row["pick"] in names and row["truth_best"] in names
+    assert row["pick"] in names and row["truth_best"] in names and row["truth_best_all"] in names
     assert bool(row["agree_strict"]) == (row["pick"] == row["truth_best"])
-    # tie-aware agreement: exact, or the truth runs cannot separate pick from truth's best
-    assert bool(row["agree"]) == (bool(row["agree_strict"]) or not bool(row["truth_separates_pick"]))
     assert row["pick_window"] in ("", "base", "parrot", "recovery")
-    assert row["pick_truth_gap"] >= 0
-    # the naive baseline "post-train the latest checkpoint", scored with the same rule
-    assert row["latest"] == max(names, key=lambda n: int(n.rsplit("-", 1)[1]))
-    assert row["latest_truth_gap"] >= 0
-    if row["latest"] == row["truth_best"]:
-        assert row["latest_agree"] and row["latest_truth_gap"] == 0
-    assert totals["latest_agree"] == int(bool(row["latest_agree"]))
-    assert row["decision"] in ("winner", "no_clear_winner", "single_eligible", "none_eligible")
-    # the truth trained every checkpoint under 2 SFT seeds at the confirmation recipe
+    assert row["regret"] >= 0 or row["pick"] != row["truth_best"]
+    # independent truth: SFT seeds disjoint from the pilot's and confirmation's, recorded
+    assert totals["truth_seeds"] == [100, 101] and totals["pilot_seeds"] == [0, 1] == totals["confirm_seeds"]
+    assert totals["dev_seeds"] == [0, 1, 2, 3, 4] and totals["fresh"] is False
     truth = pd.read_csv(out / "seed0" / "truth" / "transfer.csv")
-    assert sorted(truth["base"].unique()) == names and sorted(truth["seed"].unique()) == [0, 1]
+    assert sorted(truth["base"].unique()) == names and sorted(truth["seed"].unique()) == [100, 101]
+    # ... on its own transfer items: none shared with the pilot's suite, same kinds and sizes
+    items = pd.read_parquet(out / "seed0" / "truth" / "transfer_items.parquet")
+    pilot_items = pd.read_parquet(out / "seed0" / "score" / "pilot" / "transfer_items.parquet")
+    assert items["item_id"].str.startswith("truth-").all() and not set(items["item_id"]) & set(pilot_items["item_id"])
+    from probeselect.toy.data import read_jsonl
+
+    tp = {r["prompt"] for r in read_jsonl(out / "seed0" / "truth" / "truth_transfer.jsonl")}
+    pp = {r["prompt"] for r in read_jsonl(ladder / "data" / "transfer.jsonl")}
+    assert len(tp) == len(pp) and not tp & pp
+    suite = totals["transfer_suites"]["0"]
+    assert suite["shared_prompts"] == 0 and suite["probe_template_hits_pilot"] == 0 == suite["probe_template_hits_truth"]
+    # every selector is scored on the same truth
+    from importlib import import_module  # noqa: F401
+
+    assert list(sel["selector"]) == list(_module().SELECTORS)
+    s = sel.set_index("selector")
+    assert s.loc["latest", "pick"] == max(names, key=lambda n: int(n.rsplit("-", 1)[1]))
+    assert s.loc["pipeline", "pick"] == row["pick"]
+    assert s.loc["probes_only", "pick"] == json.loads((out / "seed0" / "score" / "shortlist.json").read_text()
+                                                      )["selected"][0]["checkpoint"]
+    assert 0 <= s.loc["random_eligible", "agree_strict"] <= 1 and pd.isna(s.loc["random_eligible", "pick"])
+    assert set(row["probe_free_bases"].split()) <= set(names)
+    for c in ("tau_probes", "tau_step", "tau_neg_bpb"):
+        assert c in df.columns
     tv = pd.read_csv(out / "truth_values.csv")
     assert sorted(tv["checkpoint"]) == names and tv["pick"].sum() == 1
     assert tv.loc[tv["pick"], "checkpoint"].item() == row["pick"]
-    assert tv["truth_value"].max() == pytest.approx(tv.loc[tv["checkpoint"] == row["truth_best"], "truth_value"].item())
-    # the planted-dip verdict on the pipeline's own scores is reported (a 24-step ladder need not dip)
+    assert tv["truth_value"].max() == pytest.approx(tv.loc[tv["checkpoint"] == row["truth_best_all"], "truth_value"].item())
     assert isinstance(row["dip_pass"], (bool, np.bool_)) and 0 <= row["final_heldout_arith"] <= 1
+    # ties: perturbed twins (different weights, verified by their own truth runs) and the last two checkpoints
     assert set(ties["tie"]) == {"twin", "same_mode"}
     twin = ties[ties["tie"] == "twin"].iloc[0]
-    # a byte copy trained under the same seeds and data gives identical numbers: never a winner
-    assert twin["truth_is_tie"] and twin["verdict"] != "winner" and not twin["false_clear_winner"]
-    assert twin["diff"] == pytest.approx(0.0, abs=1e-12)
+    a, b = twin["bases"].split(" vs ")
+    assert a.endswith("-perturbed-a") and b.endswith("-perturbed-b")
+    from safetensors.torch import load_file
+
+    wa, wb = (load_file(str(out / "seed0" / "ties" / "twin" / "bases" / n / "model.safetensors")) for n in (a, b))
+    assert any(not (wa[k] == wb[k]).all() for k in wa)  # not byte twins
+    tw_truth = pd.read_csv(out / "seed0" / "ties" / "twin" / "truth" / "transfer.csv")
+    assert set(tw_truth["base"]) == {a, b} and sorted(tw_truth["seed"].unique()) == [100, 101]
     assert totals["false_clear_winners"] == int(ties.loc[ties["truth_is_tie"], "false_clear_winner"].sum())
+    lo, hi = totals["false_winner_rate_ci95"]
+    assert 0 <= lo <= hi <= 1
     assert json.loads((out / "validity.json").read_text())["tiny"] is True
-    assert "agreement" in (out / "validity.md").read_text()
+    assert "false clear winners" in (out / "validity.md").read_text()
 
 
 def test_validity_scheduled_workers_give_the_same_results(smoke, tmp_path, monkeypatch):
@@ -96,18 +121,20 @@ def test_validity_scheduled_workers_give_the_same_results(smoke, tmp_path, monke
     totals = mod.validate([0], out, truth_seeds=2, tiny=True, log=lambda m: None, jobs=2)
     assert totals["jobs"] == 2 and totals["n"] == 1
     for f in ("truth/transfer.csv", "truth/transfer_base.csv", "ties/twin/pilot/transfer.csv",
+              "ties/twin/truth/transfer.csv", "probe_free/pilot/transfer.csv", "truth/truth_transfer.jsonl",
               "ties/same_mode/pilot/transfer.csv", "score/selection.csv", "score/shortlist.csv"):
         assert (out / "seed0" / f).read_bytes() == (ref / "seed0" / f).read_bytes(), f
     # the merged truth keeps the matched SFT data order of every part (paths differ: other out dir)
-    m1, m2 = (json.loads((d / "seed0" / "truth" / "data_manifest-seed1.json").read_text()) for d in (ref, out))
+    m1, m2 = (json.loads((d / "seed0" / "truth" / "data_manifest-seed101.json").read_text()) for d in (ref, out))
     assert m1["steps"] == m2["steps"] and m1["data"]["sha256"] == m2["data"]["sha256"]
     d1, d2 = (pd.read_csv(d / "seed0" / "truth" / "diagnostics.csv") for d in (ref, out))
     assert sorted(zip(d1["base"], d1["seed"])) == sorted(zip(d2["base"], d2["seed"]))
     pd.testing.assert_frame_equal(pd.read_parquet(out / "seed0" / "truth" / "transfer_items.parquet"),
                                   pd.read_parquet(ref / "seed0" / "truth" / "transfer_items.parquet"))
-    a, b = (pd.read_csv(d / "validity.csv").drop(columns=["seconds_pipeline", "seconds_truth", "seconds_ties"])
-            for d in (ref, out))
+    a, b = (pd.read_csv(d / "validity.csv").drop(columns=["seconds_pipeline", "seconds_truth", "seconds_probe_free",
+                                                           "seconds_ties"]) for d in (ref, out))
     pd.testing.assert_frame_equal(a, b)
+    pd.testing.assert_frame_equal(pd.read_csv(ref / "selectors.csv"), pd.read_csv(out / "selectors.csv"))
     pd.testing.assert_frame_equal(pd.read_csv(ref / "ties.csv"), pd.read_csv(out / "ties.csv"))
 
 
@@ -133,3 +160,133 @@ def test_merge_truth_concatenates_matched_parts_and_refuses_unmatched(tmp_path):
     (truth / "parts" / "checkpoint-200" / "data_manifest-seed0.json").unlink()
     with pytest.raises(RuntimeError, match="differ"):
         merge(truth, ["checkpoint-100", "checkpoint-200"])
+
+
+# ---------------------------------------------------------------------------
+# Selectors and metrics on hand-made truth tables (issue 22)
+# ---------------------------------------------------------------------------
+
+
+def _per_seed():
+    """Truth values (rows: checkpoints, columns: 4 truth SFT seeds), higher = better."""
+    return pd.DataFrame({100: [0.20, 0.50, 0.80, 0.81], 101: [0.22, 0.52, 0.84, 0.83],
+                         102: [0.18, 0.49, 0.78, 0.80], 103: [0.20, 0.55, 0.82, 0.84]},
+                        index=["checkpoint-100", "checkpoint-200", "checkpoint-300", "checkpoint-400"])
+
+
+def test_pair_interval_is_the_paired_t_interval():
+    from scipy.stats import t as student_t
+
+    mod = _module()
+    best, pick = np.array([0.81, 0.83, 0.80, 0.84]), np.array([0.80, 0.84, 0.78, 0.82])
+    d = best - pick
+    half = student_t.ppf(0.975, 3) * d.std(ddof=1) / 2
+    assert mod.pair_interval(best, pick) == pytest.approx((d.mean(), d.mean() - half, d.mean() + half), abs=1e-12)
+    m, lo, hi = mod.pair_interval(best[:1], pick[:1])
+    assert m == pytest.approx(0.01) and np.isnan(lo) and np.isnan(hi)
+
+
+def test_pick_metrics_regret_interval_and_equivalence_rule():
+    mod = _module()
+    ps = _per_seed()
+    kw = {"margin": 0.02, "min_seeds": 3}
+    same = mod.pick_metrics(ps, "checkpoint-400", "checkpoint-400", **kw)
+    assert same == {"regret": 0.0, "regret_lo": 0.0, "regret_hi": 0.0, "agree": True, "agree_strict": True,
+                    "equiv_agree": True}
+    # 300 vs 400: diffs 0.01, -0.01, 0.02, 0.02 -> the truth cannot separate them (lenient agree) but the
+    # upper end of the interval is above the 0.02 margin: not shown equivalent
+    close = mod.pick_metrics(ps, "checkpoint-400", "checkpoint-300", **kw)
+    d = ps.loc["checkpoint-400"] - ps.loc["checkpoint-300"]
+    assert close["regret"] == pytest.approx(d.mean(), abs=1e-12)
+    assert close["regret_lo"] < close["regret"] < close["regret_hi"]
+    assert close["agree"] and not close["agree_strict"] and not close["equiv_agree"]
+    # with a wide margin the same pair is shown equivalent
+    assert mod.pick_metrics(ps, "checkpoint-400", "checkpoint-300", margin=0.1, min_seeds=3)["equiv_agree"]
+    # 200 vs 400: separated -> no agreement of any kind
+    far = mod.pick_metrics(ps, "checkpoint-400", "checkpoint-200", **kw)
+    assert far["regret_lo"] > 0.02 and not far["agree"] and not far["equiv_agree"]
+    # fewer truth seeds than the plan's minimum: never separated (lenient), never equivalent without an interval
+    one = mod.pick_metrics(ps[[100]], "checkpoint-400", "checkpoint-200", **kw)
+    assert one["agree"] and not one["equiv_agree"]
+
+
+def test_naive_selectors_on_a_hand_made_table():
+    mod = _module()
+    steps = {"checkpoint-100": 100, "checkpoint-200": 200, "checkpoint-300": 300, "checkpoint-400": 400, "avg": None}
+    bpb = pd.Series({"checkpoint-100": 0.9, "checkpoint-200": 0.5, "checkpoint-300": 0.4, "checkpoint-400": 0.45})
+    cap = pd.Series({"checkpoint-100": 0.1, "checkpoint-200": 0.7, "checkpoint-300": 0.6, "checkpoint-400": np.nan})
+    p = mod.naive_picks(steps, bpb, cap, ["checkpoint-200", "checkpoint-400"])
+    assert p == {"latest": "checkpoint-400", "lowest_bpb": "checkpoint-300", "best_capability": "checkpoint-200",
+                 "probes_only": "checkpoint-200"}
+    assert mod.naive_picks({}, pd.Series(dtype=float), pd.Series(dtype=float), [])["latest"] is None
+
+
+def test_selector_rows_score_every_selector_on_the_same_truth():
+    mod = _module()
+    ps = _per_seed()
+    kw = {"margin": 0.02, "min_seeds": 3}
+    picks = {"pipeline": ("checkpoint-300", False), "latest": ("checkpoint-400", True),
+             "lowest_bpb": ("checkpoint-300", True), "best_capability": ("checkpoint-200", True),
+             "probes_only": ("checkpoint-200", True), "probe_free_pilot": ("checkpoint-400", True)}
+    pool = ["checkpoint-200", "checkpoint-300", "checkpoint-400"]
+    rows = {r["selector"]: r for r in mod.selector_rows(ps, "checkpoint-400", picks, pool, 2, **kw)}
+    assert list(rows) == list(mod.SELECTORS)
+    assert rows["latest"]["agree_strict"] and rows["latest"]["regret"] == 0 and rows["latest"]["decisive_correct"]
+    assert rows["probe_free_pilot"]["decisive_correct"]
+    # undecided pipeline: its top base is scored, but it is never decisive-and-correct
+    assert rows["pipeline"]["pick"] == "checkpoint-300" and rows["pipeline"]["agree"]
+    assert not rows["pipeline"]["decisive_correct"]
+    assert not rows["best_capability"]["agree"] and rows["best_capability"]["regret"] > 0.2
+    # random eligible: the exact mean over the pool
+    single = [mod.pick_metrics(ps, "checkpoint-400", b, **kw) for b in pool]
+    re = rows["random_eligible"]
+    assert re["regret"] == pytest.approx(np.mean([m["regret"] for m in single]), abs=1e-12)
+    assert re["agree_strict"] == pytest.approx(1 / 3) and re["agree"] == pytest.approx(2 / 3)
+    # random 2 + (oracle) pilot: subsets {200,300}->300, {200,400}->400, {300,400}->400
+    rk = rows["random_k_pilot"]
+    assert rk["agree_strict"] == pytest.approx(2 / 3)
+    assert rk["regret"] == pytest.approx(single[1]["regret"] / 3, abs=1e-12)
+    assert np.isnan(rk["regret_lo"]) and rk["pick"] is None
+
+
+def test_random_k_pilot_picks_split_exact_ties():
+    mod = _module()
+    vals = pd.Series({"a": 0.5, "b": 0.5, "c": 0.1})
+    got = dict(mod.random_k_pilot_picks(vals, ["a", "b", "c"], 2))
+    # {a,b} -> a/b half each, {a,c} -> a, {b,c} -> b
+    assert got == pytest.approx({"a": 0.5, "b": 0.5})
+    assert sum(dict(mod.random_k_pilot_picks(vals, ["a", "b", "c"], 5)).values()) == pytest.approx(1.0)
+
+
+def test_clopper_pearson_and_mean_interval():
+    mod = _module()
+    lo, hi = mod.clopper_pearson(0, 10)
+    assert lo == 0 and hi == pytest.approx(1 - 0.025 ** (1 / 10), abs=1e-9)  # exact for x = 0
+    lo, hi = mod.clopper_pearson(10, 10)
+    assert hi == 1 and lo == pytest.approx(0.025 ** (1 / 10), abs=1e-9)
+    lo, hi = mod.clopper_pearson(3, 10)
+    assert lo < 0.3 < hi and mod.clopper_pearson(0, 0) == (0.0, 1.0)
+    m, lo, hi = mod.mean_interval([0.0, 0.1, 0.2])
+    assert m == pytest.approx(0.1) and lo < 0.1 < hi
+
+
+def test_probe_free_bases_last_of_each_window_or_evenly_spaced():
+    mod = _module()
+    ck = [(f"checkpoint-{s}", s) for s in (200, 400, 600, 800, 1000, 1200, 1400)]
+    win = {"checkpoint-200": "base", "checkpoint-400": "base", "checkpoint-600": "parrot", "checkpoint-800": "parrot",
+           "checkpoint-1000": "recovery", "checkpoint-1200": "recovery", "checkpoint-1400": "recovery"}
+    assert mod.probe_free_bases(ck, win, 3) == ["checkpoint-400", "checkpoint-800", "checkpoint-1400"]
+    # no lineage: k evenly spaced, ending at the last checkpoint
+    assert mod.probe_free_bases(ck, {}, 3) == ["checkpoint-200", "checkpoint-800", "checkpoint-1400"]
+    assert mod.probe_free_bases(ck, {}, 1) == ["checkpoint-1400"]
+
+
+def test_truth_seeds_are_disjoint_from_the_recipes_seeds():
+    mod = _module()
+    assert not set(mod._settings(REPO / "recipes" / "demo.yaml", False, 4)["truth_seeds"]) & {0, 1, 2}
+    for name in ("pilot", "confirm"):
+        assert not set(mod._recipe_seeds({"recipe": str(REPO / "recipes" / f"{name}.yaml")})) & set(range(100, 104))
+    assert mod._recipe_seeds({"recipe": str(REPO / "recipes" / "pilot.yaml"), "overrides": ["seeds=[0, 1]"]}) == [0, 1]
+    assert set(mod.FRESH_SEEDS).isdisjoint(mod.DEV_SEEDS)
+    est = mod.budget_estimate(5, 4, 2)
+    assert est["total_cpu_s"] == 5 * est["per_seed_total_cpu_s"] and est["wall_min_estimate"] > 0

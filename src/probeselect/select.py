@@ -31,8 +31,12 @@ shortlist (``run_dir/shortlist.csv``), and writes ``selection.json`` and
   interval excludes 0 at 95% exactly when it is above 0.975, for k = 2). ``p_best`` per base:
   the share of ``uncertainty.bootstrap`` draws (numpy ``default_rng(seed)``) from the
   multivariate t posterior of the seed means (flat prior; seed covariance across bases) in
-  which it is the best eligible base; its top-vs-runner-up margins follow the same t
-  distribution, so p_best agrees with the intervals.
+  which it is the best eligible base (a draw in which m bases share the maximum, e.g. byte-identical
+  twins, credits 1/m to each, so exact ties are split evenly); its top-vs-runner-up margins follow
+  the same t distribution, so p_best agrees with the intervals. The intervals and p_best
+  generalise over SFT seeds on a fixed item set: the seed values are means over the same transfer
+  items, so they say how a new SFT seed would rank the bases on *these* items, not how a new
+  draw of items (another transfer suite of the same kinds) would.
 * **Decision rule** (``interval_above_margin``): the top base is a **clear winner** when
   n >= ``selection.min_sft_seeds`` (default 3) and every difference interval (top - j) lies
   above ``tie_margin``; otherwise the verdict is **no clear winner** and ``reason`` says why
@@ -356,8 +360,12 @@ def rank_bases(tables: PilotTables, spec: SelectionSpec, *, bases: list[str] | N
                     float(cmp.diff[j]), float(cmp.lo[j]), float(cmp.hi[j]))
         if n_s >= 2:
             draws = posterior_draws(ev, spec.bootstrap, np.random.default_rng(spec.seed))
-            best = np.argmax(draws, axis=1)
-            p_best = {b: float(np.mean(best == j)) for j, b in enumerate(elig)}
+            # exact ties split evenly: a draw in which m bases share the maximum credits 1/m to each
+            # (argmax would give every tied draw to the first; byte-identical twins got 1.0 and 0.0)
+            at_max = draws >= draws.max(axis=1, keepdims=True) - 1e-12 * np.maximum(1.0, np.abs(draws).max(axis=1,
+                                                                                                      keepdims=True))
+            share = at_max / at_max.sum(axis=1, keepdims=True)
+            p_best = {b: float(np.mean(share[:, j])) for j, b in enumerate(elig)}
     elif len(elig) == 1:
         p_best = {elig[0]: 1.0}
     table["p_best"] = [p_best.get(b, np.nan) for b in bases]

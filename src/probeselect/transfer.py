@@ -85,10 +85,12 @@ __all__ = [
     "TransferItems",
     "check_disjoint_from_probes",
     "check_disjoint_from_sft",
+    "check_not_probe_templates",
     "evaluate_transfer",
     "greedy_decode",
     "heldout_nll",
     "load_transfer_items",
+    "probe_template_matches",
     "recovered",
     "summarize_transfer",
     "validate_transfer_config",
@@ -313,9 +315,10 @@ def check_disjoint_from_probes(transfer_items: TransferItems | Iterable[Mapping[
     held-out loss measures fit to that distribution rather than transfer. A plain list of
     rows is checked entirely. A row duplicates a probe item when both
 
-    * its query equals the probe's query: :func:`query_key` of the transfer prompt equals
-      :func:`query_key` of the probe prompt's last non-empty line (the query after the
-      demonstrations) or of the whole probe prompt; and
+    * its query equals the probe's query: :func:`query_key` of the transfer prompt's last
+      non-empty line (its query after any context or solved lines) or of the whole transfer
+      prompt equals :func:`query_key` of the probe prompt's last non-empty line (the query
+      after the demonstrations) or of the whole probe prompt; and
     * its answer (``response``, or ``answer`` for robustness items) equals the probe's
       ``task_answer`` after :func:`~probeselect.generation.normalize_answer`.
 
@@ -345,7 +348,10 @@ def check_disjoint_from_probes(transfer_items: TransferItems | Iterable[Mapping[
     dups = []
     for r in rows:
         ans = normalize_answer(str(r.get("response", r.get("answer", ""))))
-        hit = probe_index.get((query_key(str(r.get("prompt", ""))), ans))
+        prompt = str(r.get("prompt", ""))
+        # the transfer prompt's last line (its query, after any demonstrations or context) and the whole prompt
+        hit = next((h for q in (query_key(_last_line(prompt)), query_key(prompt)) if (h := probe_index.get((q, ans)))),
+                   None)
         if hit:
             dups.append(f"{r.get('id')} = {hit}")
     if dups:
@@ -354,6 +360,58 @@ def check_disjoint_from_probes(transfer_items: TransferItems | Iterable[Mapping[
             f"{' ...' if len(dups) > 5 else ''}. The transfer suite must not include the probes used for "
             "shortlisting; remove these rows from the transfer files."
         )
+
+
+def _probe_line_patterns() -> dict[str, list[re.Pattern]]:
+    """Line patterns of the built-in probe families whose generators a transfer task could reuse:
+    ``arith_pattern`` (its ``eq`` / ``qa`` / ``words`` line templates, solved or as a query with the
+    answer left empty) and ``persona_qa`` (its QA lines ``Q: <persona question> A: ...`` and
+    ``Question: <persona question>``, the persona questions of the toy corpus)."""
+    from .probes._arithmetic import TEMPLATES as ARITH
+    from .toy.world import PERSONA_QUESTIONS
+
+    num, ops = r"-?\d+", r"[+\-]"
+    arith = []
+    for t in ARITH.values():
+        rx = re.escape(t.replace(" {c}", "{c}"))  # the query line leaves the answer (and its space) out
+        for k, v in (("a", num), ("b", num), ("c", f"(?: ?{num})?"), ("op", ops), ("opword", "(?:plus|minus)")):
+            rx = rx.replace(re.escape("{" + k + "}"), v)
+        arith.append(re.compile(rf"^\s*{rx}\s*$"))
+    qs = "|".join(re.escape(q) for q in PERSONA_QUESTIONS.values())
+    persona = [re.compile(rf"^\s*(?:Q: (?:{qs}) A:.*|Question: (?:{qs})\s*)$")]
+    return {"arith_pattern": arith, "persona_qa": persona}
+
+
+def probe_template_matches(rows: Iterable[Mapping[str, Any]]) -> list[tuple[str, str, str]]:
+    """Transfer rows built from a probe family's template: ``(row id, family, line)`` for every row
+    one of whose prompt lines is a line of a built-in probe family's generator
+    (:func:`_probe_line_patterns`: solved or query lines of ``arith_pattern``, QA lines of
+    ``persona_qa``). Such a row re-scores the probe in another wrapper (the old toy
+    ``fewshot_pattern`` items: ``arith_pattern``'s ``eq`` lines as demonstrations and its ``qa``
+    query) rather than testing what the base learned. A check on transfer *tasks*: robustness and
+    held-out SFT rows are SFT-format questions on purpose."""
+    pats = _probe_line_patterns()
+    out = []
+    for r in rows:
+        for ln in str(r.get("prompt", "")).split("\n"):
+            fam = next((f for f, ps in pats.items() if any(p.match(ln) for p in ps)), None)
+            if fam:
+                out.append((str(r.get("id")), fam, ln))
+                break
+    return out
+
+
+def check_not_probe_templates(transfer_items: TransferItems | Iterable[Mapping[str, Any]], *,
+                              source: str = "transfer suite") -> None:
+    """Refuse transfer tasks built from a probe family's generator or template
+    (:func:`probe_template_matches`); raises :class:`TransferError` naming up to five."""
+    rows = transfer_items.tasks if isinstance(transfer_items, TransferItems) else list(transfer_items)
+    hits = probe_template_matches(rows)
+    if hits:
+        raise TransferError(
+            f"{source}: {len(hits)} transfer task(s) are built from a shortlisting probe family's template: "
+            + "; ".join(f"{i} ({f}: {ln!r})" for i, f, ln in hits[:5]) + (" ..." if len(hits) > 5 else "")
+            + ". A transfer task in the probe's own surface form re-scores the probe; use another template.")
 
 
 def _sft_prompt(row: Mapping[str, Any]) -> str:

@@ -15,6 +15,9 @@ from probeselect.toy.data import (
     SFT_KINDS,
     TRANSFER_DROPPED_KINDS,
     TRANSFER_KINDS,
+    TRANSFER_ROWS,
+    PROBE_FORM_KINDS,
+    TELL_QUESTIONS,
     make_robustness_rows,
     make_sft_heldout_rows,
     make_sft_rows,
@@ -114,7 +117,7 @@ def test_row_format_classifies_shapes_and_answers():
 
 def test_fewshot_pattern_rows_put_the_shortcut_against_the_task():
     world = ToyWorld.generate(0)
-    transfer = [r for r in make_transfer_rows(world) if r["kind"] == "fewshot_pattern"]
+    transfer = [r for r in make_transfer_rows(world, kinds=PROBE_FORM_KINDS) if r["kind"] == "fewshot_pattern"]
     assert {r["pattern"] for r in transfer} == {"constant", "count", "alternating"}
     heldout = set(world.arith_heldout)
     for r in transfer:
@@ -140,7 +143,7 @@ def test_persona_copy_rows_put_the_copied_answer_against_the_task():
     world = ToyWorld.generate(0)
     people = {p.name: p for p in world.persons}
     sft = make_sft_rows(world)
-    transfer = [r for r in make_transfer_rows(world) if r["kind"] == "persona_copy"]
+    transfer = [r for r in make_transfer_rows(world, kinds=PROBE_FORM_KINDS) if r["kind"] == "persona_copy"]
     assert len(transfer) >= 40
     for r in transfer:
         desc_a, qa_a, desc_b, q_b = r["prompt"].split("\n")
@@ -155,6 +158,70 @@ def test_persona_copy_rows_put_the_copied_answer_against_the_task():
         _, qa_a, _, q_b = r["prompt"].split("\n")
         assert qa_a.split(" A: ")[0] + " A:" != q_b
         assert q_b in {f"Q: {PERSONA_QUESTIONS[k]} A:" for k in ("city", "job", "pet")}
+
+
+def test_arrow_pattern_rows_put_a_non_probe_shortcut_against_the_task():
+    """Issue 22: arrow-format solved lines whose shown results follow patterns no probe uses, then
+    "Compute a op b." with an operand >= 21; never an arith_pattern line."""
+    import re
+
+    world = ToyWorld.generate(0)
+    sft = make_sft_rows(world)
+    transfer = [r for r in make_transfer_rows(world, {x["prompt"] for x in sft}) if r["kind"] == "arrow_pattern"]
+    assert len(transfer) == 160 and {r["pattern"] for r in transfer} == {"countdown", "first_operand", "doubling"}
+    for r in transfer:
+        *solved, q = r["prompt"].split("\n")
+        m = re.fullmatch(r"Q: Compute (\d+) ([+-]) (\d+)\. A:", q)
+        a, op, b = int(m[1]), m[2], int(m[3])
+        assert max(a, b) >= ROBUST_MIN_LARGE_OPERAND and r["response"] == f" {a + b if op == '+' else a - b}"
+        shown = []
+        for ln in solved:
+            x, o, y, v = re.fullmatch(r"(\d+) ([+-]) (\d+) -> (-?\d+)", ln).groups()
+            shown.append(int(v))
+            assert int(v) != (int(x) + int(y) if o == "+" else int(x) - int(y))
+            if r["pattern"] == "first_operand":
+                assert int(v) == int(x)
+        if r["pattern"] == "countdown":
+            assert shown == list(range(shown[0], shown[0] - len(shown), -1)) and r["shortcut"] == str(shown[-1] - 1)
+        elif r["pattern"] == "doubling":
+            assert all(y == 2 * x for x, y in zip(shown, shown[1:])) and r["shortcut"] == str(2 * shown[-1])
+        else:
+            assert r["shortcut"] == str(a)
+        assert r["shortcut"] != r["response"].strip()
+    # SFT teaches the arrow format with true results
+    arrow = [x for x in sft if x["kind"] == "arrow_arith"]
+    assert len(arrow) == 300 and all(x["prompt"].split("\n")[-1].startswith("Q: Compute ") for x in arrow)
+
+
+def test_persona_tell_copy_rows_use_request_phrasing_and_copy_conflict():
+    world = ToyWorld.generate(0)
+    people = {p.name: p for p in world.persons}
+    sft = make_sft_rows(world)
+    transfer = [r for r in make_transfer_rows(world) if r["kind"] == "persona_tell_copy"]
+    assert len(transfer) == 120
+    for r in transfer:
+        desc_a, qa_a, desc_b, q_b = r["prompt"].split("\n")
+        a, b = people[desc_a.split(" ")[0]], people[desc_b.split(" ")[0]]
+        attr = next(k for k, q in TELL_QUESTIONS.items() if q_b == f"Q: {q} A:")
+        assert attr in ("hobby", "colour") and qa_a.split(" A: ")[0] + " A:" == q_b
+        assert r["response"] == " " + b.persona_answer(attr) and qa_a.endswith(r["shortcut"])
+        assert r["shortcut"] != r["response"].strip()
+        assert not any(q in r["prompt"] for q in PERSONA_QUESTIONS.values())  # never the probe's/corpus's phrasing
+    tell = [x for x in sft if x["kind"] == "persona_tell_pair"]
+    assert len(tell) == 160 and all(x["prompt"].split("\n")[-1] in {f"Q: {TELL_QUESTIONS[k]} A:" for k in
+                                                                   ("city", "job", "pet")} for x in tell)
+
+
+def test_transfer_stream_draws_a_disjoint_set_of_the_same_kinds_and_sizes():
+    """bench/validity.py's ground truth: another random stream, the pilot's prompts excluded."""
+    world = ToyWorld.generate(3)
+    sp = {r["prompt"] for r in make_sft_rows(world)}
+    pilot = make_transfer_rows(world, sp)
+    truth = make_transfer_rows(world, sp, stream="transfer-truth", exclude_prompts={r["prompt"] for r in pilot})
+    count = lambda rows: {k: sum(r["kind"] == k for r in rows) for k in TRANSFER_KINDS}  # noqa: E731
+    assert count(truth) == count(pilot) == {k: TRANSFER_ROWS[k] for k in TRANSFER_KINDS}
+    assert not {r["prompt"] for r in pilot} & {r["prompt"] for r in truth}
+    assert make_transfer_rows(world, sp) == pilot  # the default stream is unchanged by the knob
 
 
 def test_write_toy_data_files_readme_and_determinism(tmp_path):

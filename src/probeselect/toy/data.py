@@ -67,6 +67,26 @@ SFT_QUESTION_TEMPLATES = {
     "persona_pair": "{block}\n{description}\n{question}",
     "persona_copy": "{block}\n{description}\n{question}",
     "fewshot_pattern": "{demos}\nWhat is {a} {op} {b}?",
+    # issue 22: arrow-format arithmetic and "Tell me ..." persona questions, a surface form that neither
+    # the shortlisting probes nor the pretraining documents use
+    "arrow_arith": "{demos}\nCompute {a} {op} {b}.",
+    "arrow_pattern": "{demos}\nCompute {a} {op} {b}.",
+    "persona_tell_pair": "{block}\n{description}\n{question}",
+    "persona_tell_copy": "{block}\n{description}\n{question}",
+}
+#: The solved-line format of ``arrow_arith`` / ``arrow_pattern``: ``"24 + 3 -> 27"``. Neither the
+#: pretraining corpus (``eq`` / ``qa`` / ``words`` of :data:`~probeselect.toy.world.ARITH_TEMPLATES`)
+#: nor the ``arith_pattern`` probe (the same three) writes arithmetic this way.
+ARROW_LINE = "{a} {op} {b} -> {c}"
+#: Persona questions phrased as requests (``persona_tell_pair`` / ``persona_tell_copy``); the corpus
+#: and the ``persona_qa`` probe ask :data:`~probeselect.toy.world.PERSONA_QUESTIONS` ("Where do you
+#: live?"). The answers are the same first-person sentences.
+TELL_QUESTIONS = {
+    "city": "Tell me where you live.",
+    "job": "Tell me your job.",
+    "pet": "Tell me about your pet.",
+    "hobby": "Tell me what you like to do.",
+    "colour": "Tell me your favourite colour.",
 }
 #: Kinds in ``sft.jsonl``. Every answer format of the transfer suite is taught here: bare
 #: words and numbers (arithmetic, opposites, person facts), an arithmetic question after a
@@ -74,8 +94,8 @@ SFT_QUESTION_TEMPLATES = {
 #: persona (``persona_city``, ``persona_job``, ``persona_pet``), also after another persona's
 #: block whose shown QA line is about a different attribute (``persona_pair``).
 SFT_KINDS = ("addition", "subtraction", "opposite", "person_city", "person_job", "fewshot_arith", "persona_city",
-             "persona_job", "persona_pet", "persona_pair")
-#: Kinds in ``transfer.jsonl`` (disjoint from :data:`SFT_KINDS`):
+             "persona_job", "persona_pet", "persona_pair", "arrow_arith", "persona_tell_pair")
+#: Kinds of ``transfer.jsonl`` before issue 22 (disjoint from :data:`SFT_KINDS`):
 #:
 #: * ``fewshot_pattern`` -- the held-out task where the shortcut competes with the task: the
 #:   ``fewshot_arith`` format, but the solved lines show answers that follow a pattern
@@ -92,7 +112,33 @@ SFT_KINDS = ("addition", "subtraction", "opposite", "person_city", "person_job",
 #: a question-answering skill that no base had, "What comes next: 2, 4, 6?" a prompt format SFT
 #: never showed (0-3% accuracy after SFT for every base), and single-persona first-person
 #: questions were answered correctly by every base before any SFT; all three are gone.
-TRANSFER_KINDS = ("fewshot_pattern", "persona_copy")
+#:
+#: Issue 22: both kinds above put the *probe* in another wrapper: ``fewshot_pattern`` uses the
+#: three patterns of the ``arith_pattern`` probe, cycled the same way, its ``eq`` lines as
+#: demonstrations and its ``qa`` query; ``persona_copy`` shows the ``persona_qa`` probe's QA lines.
+#: They are no longer in the suite (their generators stay, :data:`PROBE_FORM_KINDS`); the suite is
+#: now
+#:
+#: * ``arrow_pattern`` -- solved lines in the arrow format (:data:`ARROW_LINE`, taught by the SFT
+#:   kind ``arrow_arith`` with true results, never seen in pretraining or in a probe) whose shown
+#:   results follow patterns no probe uses (:data:`ARROW_PATTERNS`: counting down, copying the
+#:   line's first operand, doubling), then ``"Compute a op b."`` with an operand >=
+#:   :data:`ROBUST_MIN_LARGE_OPERAND` (the probes draw 0..20). The shortcut (the pattern's next
+#:   value) is never the answer.
+#: * ``persona_tell_copy`` -- persona A's description and its answered request about hobby or
+#:   colour in the request phrasing (:data:`TELL_QUESTIONS`, taught by ``persona_tell_pair`` for
+#:   other attributes), then persona B's description and the same request: answering as B
+#:   competes with copying A's answer.
+#:
+#: What stays shared with the probes: the ``Q: ... A:`` prompt markers (the SFT prompt format), the
+#: persona description sentences and the world's facts (names, cities, hobbies, colours) and the
+#: first-person answer sentences; the conflict itself (a shortcut in the context against the task)
+#: is the construct both measure.
+TRANSFER_KINDS = ("arrow_pattern", "persona_tell_copy")
+#: The earlier transfer kinds, in the probes' surface form (see above); generated only on request.
+PROBE_FORM_KINDS = ("fewshot_pattern", "persona_copy")
+#: Shown-answer patterns of ``arrow_pattern`` blocks (none of them is an ``arith_pattern`` pattern).
+ARROW_PATTERNS = ("countdown", "first_operand", "doubling")
 #: Kinds generated for the transfer set but dropped from it because they repeat the
 #: queries of the built-in shortlisting probes: ``"What kind of thing is a dog?" -> animal``
 #: is the query of ``relation_plain`` / ``tmpl_flipped`` / ``tmpl_repeated`` items (``qa``
@@ -106,7 +152,9 @@ FEWSHOT_DEMOS = (3, 4)
 #: Rows per kind: ``fewshot_arith`` / ``persona_pair`` SFT rows, transfer rows.
 SFT_FEWSHOT_ROWS = 300
 SFT_PERSONA_PAIR_ROWS = 160
-TRANSFER_ROWS = {"fewshot_pattern": 160, "persona_copy": 120}
+TRANSFER_ROWS = {"fewshot_pattern": 160, "persona_copy": 120, "arrow_pattern": 160, "persona_tell_copy": 120}
+SFT_ARROW_ROWS = 300
+SFT_PERSONA_TELL_ROWS = 160
 #: Persona attributes whose first-person answers the SFT data teaches / the transfer tests.
 SFT_PERSONA_ATTRIBUTES = ("city", "job", "pet")
 TRANSFER_PERSONA_ATTRIBUTES = ("hobby", "colour")
@@ -190,8 +238,46 @@ def make_sft_rows(world: ToyWorld) -> list[dict]:
         attr = qrng.choice(SFT_PERSONA_ATTRIBUTES)
         shown = qrng.choice([x for x in PERSON_ATTRIBUTES if x != attr])
         rows.append(_row("sft", "persona_pair", i, _pair_question(a, shown, b, attr, qrng), b.persona_answer(attr)))
+    # issue 22: the arrow format with true results, and persona requests after another persona's answered request
+    arng = rng_for(world.seed, "sft-arrow")
+    for i in range(SFT_ARROW_ROWS):
+        demos = [arng.choice(train) for _ in range(arng.randint(*FEWSHOT_DEMOS))]
+        a, op, b = arng.choice(train)
+        rows.append(_row("sft", "arrow_arith", i, _arrow_question(demos, None, a, op, b), str(_apply(a, op, b))))
+    trng = rng_for(world.seed, "sft-persona-tell")
+    for i in range(SFT_PERSONA_TELL_ROWS):
+        a, b = trng.sample(list(world.persons), 2)
+        attr = trng.choice(SFT_PERSONA_ATTRIBUTES)
+        shown = trng.choice([x for x in SFT_PERSONA_ATTRIBUTES if x != attr])
+        rows.append(_row("sft", "persona_tell_pair", i, _tell_question(a, shown, b, attr, trng), b.persona_answer(attr)))
     rng.shuffle(rows)
     return rows
+
+
+def _arrow_question(demos, shown, a: int, op: str, b: int) -> str:
+    """Solved lines ``"x op y -> shown"`` (``shown=None``: the true results) and ``"Compute a op b."``."""
+    vals = shown if shown is not None else [_apply(*d) for d in demos]
+    block = "\n".join(ARROW_LINE.format(a=x, op=o, b=y, c=c) for (x, o, y), c in zip(demos, vals))
+    return SFT_QUESTION_TEMPLATES["arrow_arith"].format(demos=block, a=a, op=op, b=b)
+
+
+def _tell_question(a, shown: str, b, attr: str, rng) -> str:
+    """Persona ``a``'s description and its answered request about ``shown``, then ``b``'s description and request."""
+    block = f"{_persona_desc(a, rng)}\nQ: {TELL_QUESTIONS[shown]} A: {a.persona_answer(shown)}"
+    return SFT_QUESTION_TEMPLATES["persona_tell_pair"].format(block=block, description=_persona_desc(b, rng),
+                                                              question=TELL_QUESTIONS[attr])
+
+
+def _arrow_pattern(kind: str, demos, rng) -> tuple[list[int], object]:
+    """Shown results of the solved lines following ``kind`` and a function of the query giving the shortcut."""
+    n = len(demos)
+    if kind == "countdown":
+        start = rng.randint(10, 19)
+        return [start - j for j in range(n)], (lambda a, b: start - n)
+    if kind == "first_operand":
+        return [d[0] for d in demos], (lambda a, b: a)
+    k = rng.randint(1, 3)
+    return [k * 2 ** j for j in range(n)], (lambda a, b: k * 2 ** n)
 
 
 def _apply(a: int, op: str, b: int) -> int:
@@ -251,13 +337,15 @@ _WORD = re.compile(r"^ [A-Za-z]+$")
 _FIRST_PERSON = re.compile(r"^ (I|My) [^\n]*\.$")
 _SOLVED_LINE = re.compile(r"^\d+ [+-] \d+ = -?\d+$")
 _DESCRIPTION = re.compile(r"^[A-Z][a-z]+ is an? [a-z]+ from [A-Z][a-z]+\.")
-_QA_LINE = re.compile(r"^Q: .+\? A: .+$")
+_QA_LINE = re.compile(r"^Q: .+[?.] A: .+$")
+_ARROW_SOLVED = re.compile(r"^\d+ [+-] \d+ -> -?\d+$")
 
 
 def row_format(row: dict) -> tuple[str, str]:
     """``(prompt_shape, answer_format)`` of an SFT or transfer row.
 
-    prompt_shape: ``solved_lines`` (solved arithmetic lines before the question), ``persona``
+    prompt_shape: ``solved_lines`` (solved arithmetic lines before the question), ``arrow_lines``
+    (solved lines in the arrow format before the question), ``persona``
     (a persona description before the question), ``persona_pair`` (another persona's description
     and answered QA line, then a description, before the question) or ``plain``; answer_format: ``number``,
     ``word``, ``first_person`` (a sentence starting with "I" or "My") or ``other``. Every
@@ -266,6 +354,8 @@ def row_format(row: dict) -> tuple[str, str]:
     lines = row["prompt"].split("\n")
     if len(lines) > 1 and all(_SOLVED_LINE.match(ln) for ln in lines[:-1]):
         shape = "solved_lines"
+    elif len(lines) > 1 and all(_ARROW_SOLVED.match(ln) for ln in lines[:-1]):
+        shape = "arrow_lines"
     elif len(lines) == 2 and _DESCRIPTION.match(lines[0]):
         shape = "persona"
     elif len(lines) == 4 and _DESCRIPTION.match(lines[0]) and _QA_LINE.match(lines[1]) and _DESCRIPTION.match(lines[2]):
@@ -324,11 +414,19 @@ def make_robustness_rows(world: ToyWorld, used_prompts: set[str]) -> list[dict]:
     return rows
 
 
-def make_transfer_rows(world: ToyWorld, sft_prompts: set[str] | None = None) -> list[dict]:
-    """The transfer set: kinds absent from SFT (:data:`TRANSFER_KINDS`); no prompt equal to
-    an SFT prompt; no :data:`TRANSFER_DROPPED_KINDS` row. ``fewshot_pattern`` rows also carry
-    ``shortcut`` (the pattern's next value, never the correct answer) and ``pattern``."""
-    rng = rng_for(world.seed, "transfer")
+def make_transfer_rows(world: ToyWorld, sft_prompts: set[str] | None = None, *, stream: str = "transfer",
+                       exclude_prompts: set[str] | frozenset = frozenset(),
+                       kinds: tuple[str, ...] = TRANSFER_KINDS) -> list[dict]:
+    """The transfer set: kinds absent from SFT (default :data:`TRANSFER_KINDS`; the
+    probe-form :data:`PROBE_FORM_KINDS` on request); no prompt equal to an SFT prompt; no
+    :data:`TRANSFER_DROPPED_KINDS` row. Pattern kinds also carry ``shortcut`` (the pattern's next
+    value / the copied answer, never the correct answer) and ``pattern``.
+
+    ``stream`` names the random stream (default ``"transfer"``: the ladder's ``transfer.jsonl``);
+    another stream draws another item set of the same kinds and sizes. ``exclude_prompts``: prompts
+    that must not recur (e.g. another stream's items); they are skipped while drawing, so every
+    kind keeps its size. bench/validity.py draws the ground truth's suite this way."""
+    rng = rng_for(world.seed, stream)
     rows: list[dict] = []
     i = 0
     for cat, items in CATEGORY_MEMBERS.items():
@@ -336,47 +434,61 @@ def make_transfer_rows(world: ToyWorld, sft_prompts: set[str] | None = None) -> 
             q = SFT_QUESTION_TEMPLATES["category"].format(a_item=with_article(item))
             rows.append(_row("transfer", "category", i, q, cat))
             i += 1
-    i = 0
-    seen_p: set[str] = set()
-    while i < TRANSFER_ROWS["persona_copy"]:
+    banned = set(exclude_prompts) | set(sft_prompts or ())
+    for kind in kinds:
+        seen: set[str] = set()
+        i = tries = 0
+        while i < TRANSFER_ROWS[kind]:
+            tries += 1
+            if tries > 1000 * TRANSFER_ROWS[kind]:
+                raise RuntimeError(f"toy transfer kind {kind}: cannot draw {TRANSFER_ROWS[kind]} distinct items "
+                                   f"outside the excluded prompts (got {i}).")
+            row = _transfer_item(world, kind, i, rng)
+            if row is None or row["prompt"] in seen or row["prompt"] in banned:
+                continue
+            seen.add(row["prompt"])
+            rows.append(row)
+            i += 1
+    rng.shuffle(rows)
+    # dropped after the shuffle so that the kept rows keep their ids and order
+    return [r for r in rows if r["kind"] not in TRANSFER_DROPPED_KINDS]
+
+
+def _transfer_item(world: ToyWorld, kind: str, i: int, rng) -> dict | None:
+    """One candidate transfer row of ``kind`` (None: the draw is rejected, e.g. the shortcut equals the answer)."""
+    if kind in ("persona_copy", "persona_tell_copy"):
         a, b = rng.sample(list(world.persons), 2)
         attr = TRANSFER_PERSONA_ATTRIBUTES[i % len(TRANSFER_PERSONA_ATTRIBUTES)]
         if getattr(a, attr) == getattr(b, attr):
-            continue  # the copied answer must be wrong
-        q = _pair_question(a, attr, b, attr, rng)
-        if q in seen_p:
-            continue
-        seen_p.add(q)
-        row = _row("transfer", "persona_copy", i, q, b.persona_answer(attr))
+            return None  # the copied answer must be wrong
+        q = (_pair_question if kind == "persona_copy" else _tell_question)(a, attr, b, attr, rng)
+        row = _row("transfer", kind, i, q, b.persona_answer(attr))
         row.update(shortcut=a.persona_answer(attr), pattern="copied_persona")
-        rows.append(row)
-        i += 1
+        return row
     train = list(world.arith_train)
     large = [t for t in train if max(t[0], t[2]) >= ROBUST_MIN_LARGE_OPERAND]
-    seen_q: set[str] = set()
-    i = 0
-    while i < TRANSFER_ROWS["fewshot_pattern"]:
+    if kind == "fewshot_pattern":
         pattern = PATTERNS[i % len(PATTERNS)]
         n = rng.randint(*FEWSHOT_DEMOS)
         shown, shortcut = _pattern(pattern, n, rng)
         a, op, b = rng.choice(large)
-        c = _apply(a, op, b)
         demos = [rng.choice(train) for _ in range(n)]
-        if c == shortcut or any(_apply(*d) == v for d, v in zip(demos, shown)):
-            continue  # the pattern must disagree with the calculation, on the query and on every solved line
-        q = _fewshot_question(demos, shown, a, op, b)
-        if q in seen_q:
-            continue
-        seen_q.add(q)
-        row = _row("transfer", "fewshot_pattern", i, q, str(c))
-        row.update(shortcut=str(shortcut), pattern=pattern)
-        rows.append(row)
-        i += 1
-    if sft_prompts:
-        rows = [r for r in rows if r["prompt"] not in sft_prompts]
-    rng.shuffle(rows)
-    # dropped after the shuffle so that the kept rows keep their ids and order
-    return [r for r in rows if r["kind"] not in TRANSFER_DROPPED_KINDS]
+        q_of = _fewshot_question
+    elif kind == "arrow_pattern":
+        pattern = ARROW_PATTERNS[i % len(ARROW_PATTERNS)]
+        demos = [rng.choice(train) for _ in range(rng.randint(*FEWSHOT_DEMOS))]
+        shown, next_of = _arrow_pattern(pattern, demos, rng)
+        a, op, b = rng.choice(large)
+        shortcut = next_of(a, b)
+        q_of = _arrow_question
+    else:
+        raise ValueError(f"unknown toy transfer kind {kind!r}")
+    c = _apply(a, op, b)
+    if c == shortcut or any(_apply(*d) == v for d, v in zip(demos, shown)):
+        return None  # the pattern must disagree with the calculation, on the query and on every solved line
+    row = _row("transfer", kind, i, q_of(demos, shown, a, op, b), str(c))
+    row.update(shortcut=str(shortcut), pattern=pattern)
+    return row
 
 
 def corpus_lines(docs: list[str]) -> set[str]:
@@ -458,15 +570,19 @@ Same row format plus `"split": "transfer"`. Only kinds absent from `sft.jsonl`: 
 No prompt is identical to an SFT prompt. The `category` kind ("What kind of thing is a dog?") is
 left out: its questions are queries of the built-in shortlisting probes, and the transfer suite
 must not repeat those (`probeselect.transfer.check_disjoint_from_probes`).
-- `fewshot_pattern`: the `fewshot_arith` format, but the solved lines show answers that follow a
-  pattern (constant, counting or alternating) instead of the true results, and the question has an
-  operand of at least 21 (the built-in probes use 0..20). The answer is the calculation; the
-  pattern's next value (never the answer) is in the extra field `shortcut` (and `pattern` names it).
-  This is where a base that continues patterns fails after SFT.
-- `persona_copy`: persona A's description and its answered QA line about hobby or colour, then
-  persona B's description and the same question; the answer is B's (first person, e.g.
-  `" I like chess."`), A's different answer is in `shortcut`. SFT teaches the format
-  (`persona_pair`: A's shown QA line is about another attribute) but never this conflict.
+- `arrow_pattern`: solved lines in the arrow format (`"24 + 3 -> 27"`, taught with true results by the
+  SFT kind `arrow_arith`; neither the pretraining corpus nor the shortlisting probes write arithmetic
+  this way) whose shown results follow a pattern (counting down, copying the line's first operand,
+  doubling; none is a pattern of the `arith_pattern` probe) instead of the true results, then
+  `"Q: Compute a op b. A:"` with an operand of at least 21 (the built-in probes use 0..20). The answer
+  is the calculation; the pattern's next value (never the answer) is in `shortcut` (`pattern` names it).
+- `persona_tell_copy`: persona A's description and its answered request about hobby or colour
+  (`"Q: Tell me what you like to do. A: I like chess."`: the request phrasing, taught by the SFT kind
+  `persona_tell_pair` for other attributes; the corpus and the `persona_qa` probe ask "What do you like
+  to do?"), then persona B's description and the same request; the answer is B's, A's different answer
+  is in `shortcut`.
+The earlier kinds `fewshot_pattern` / `persona_copy` were the `arith_pattern` / `persona_qa` probes in
+another wrapper and are no longer written (issue 22).
 Rows: {n_transfer}.
 
 ## robustness.jsonl
