@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .cli import DEVICE_HELP
+from ._cli_common import DEVICE_HELP, check_device
 
 
 def _fmt(x) -> str:
@@ -66,7 +66,6 @@ def _cmd_select(args: argparse.Namespace) -> int:
 
 def _cmd_confirm(args: argparse.Namespace) -> int:
     from .confirm import confirm
-    from .sft._cli import check_device
 
     check_device(args.device)
     res = confirm(args.run_dir, args.recipe, top=args.top, overrides=args.overrides,
@@ -82,8 +81,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     overrides = list(args.overrides) + ([f"device={args.device}"] if args.device is not None else [])
     if args.device is not None:
-        from .sft._cli import check_device
-
         check_device(args.device)
     res = run_pipeline(args.config, overrides=overrides, force=args.force, progress=not args.no_progress)
     for st in res.stages:

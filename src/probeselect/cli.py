@@ -12,10 +12,8 @@ import time
 from pathlib import Path
 
 from . import __version__
+from ._cli_common import DEVICE_HELP
 from .errors import ProbeselectError, RunInterrupted
-
-# The one wording of --device for every subcommand that loads a model (score, pilot, confirm, run).
-DEVICE_HELP = "auto (CUDA if available, else CPU), cpu, cuda or cuda:N (default auto)"
 
 
 def _cmd_toy_ladder(args: argparse.Namespace) -> int:

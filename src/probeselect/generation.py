@@ -48,7 +48,7 @@ import pandas as pd
 import torch
 
 from ._shared_kv import SharedKVCache, shared_kv_attention_enabled, unsupported_reason
-from .probes import ProbeItem
+from .items import ProbeItem
 
 __all__ = [
     "CLASSES",

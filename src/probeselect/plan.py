@@ -33,21 +33,25 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pandas as pd
+
 from ._io import atomic_write_json, sha256_bytes, sha256_file
 from ._yaml import load_yaml
-from .errors import ProbeSpecError, SelectionError, did_you_mean
+from .errors import ProbeselectError, ProbeSpecError, SelectionError, did_you_mean
 from .manifest import git_state
-from .metrics import TRANSFER_METRIC_NAMES, direction_word
-from .shortlist import Plan, plan_from_dict
+from .metrics import DIRECTIONS, TRANSFER_METRIC_NAMES, direction_word
 
 __all__ = ["TransferConstraint", "SelectionSpec", "SelectionPlan", "LockStatus", "load_selection_plan",
            "selection_spec_from_dict", "lock_plan", "read_lock", "check_lock", "LOCK_NAME", "TRANSFER_METRICS",
-           "is_outcome_file", "validate_plan_against_run", "proxy_null_strength"]
+           "is_outcome_file", "validate_plan_against_run", "proxy_null_strength", "Plan", "Proxy", "Floor",
+           "plan_from_dict", "load_plan", "AGGREGATIONS", "min_p_best_of_m", "smallest_beatable_k"]
 
 LOCK_NAME = "plan.lock.json"
 SHORTLIST_FILES = ("shortlist.csv", "shortlist.json")
@@ -55,6 +59,184 @@ SHORTLIST_FILES = ("shortlist.csv", "shortlist.json")
 TRANSFER_METRICS = {m: direction_word(m) for m in TRANSFER_METRIC_NAMES}
 _SELECTION_KEYS = ("primary", "constraints", "decision", "uncertainty", "selection_effect", "min_sft_seeds")
 _SKIP_DIRS = {"cache"}  # the scoring cache: derived parts, not results
+
+# The shortlist part of the plan (proxies, constraints, aggregation, k; used by probeselect.shortlist).
+AGGREGATIONS = ("mean_rank", "median_rank")
+# `selection:` (primary transfer metric, constraints, decision rule) is validated by selection_spec_from_dict.
+_PLAN_KEYS = ("proxies", "constraints", "aggregation", "k", "candidates", "description", "selection", "stratify")
+STRATIFY = (None, "data_windows")
+_PROXY_KEYS = ("family", "variant", "metric", "direction")
+_CONSTRAINT_KEYS = ("heldout_bpb_within", "capability_floor")
+_FLOOR_KEYS = ("family", "variant", "metric", "min")
+_NON_METRICS = {"step", "tokens", "n_items", "n_seeds"}
+
+
+@dataclass(frozen=True)
+class Proxy:
+    """One ranking proxy: ``metric`` of ``family`` / ``variant`` (``"*"`` = every variant)."""
+
+    family: str
+    variant: str
+    metric: str
+    direction: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.family}/{self.variant}:{self.metric}"
+
+
+@dataclass(frozen=True)
+class Floor:
+    """A capability floor: ``metric`` of ``family`` (one variant or the mean) must be >= ``min``."""
+
+    family: str
+    variant: str | None
+    metric: str
+    min: float
+
+    @property
+    def id(self) -> str:
+        return f"{self.family}/{self.variant or '*'}:{self.metric}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A validated selection plan (see the module docstring)."""
+
+    proxies: tuple[Proxy, ...]
+    heldout_bpb_within: float | None = None
+    floors: tuple[Floor, ...] = ()
+    aggregation: str = "mean_rank"
+    k: int = 3
+    candidates: tuple[str | int, ...] | None = None
+    description: str = ""
+    path: Path | None = None
+    stratify: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "proxies": [vars(p) | {"id": p.id} for p in self.proxies],
+            "constraints": {"heldout_bpb_within": self.heldout_bpb_within,
+                            "capability_floor": [vars(f) for f in self.floors]},
+            "aggregation": self.aggregation,
+            "k": self.k,
+            "candidates": list(self.candidates) if self.candidates is not None else None,
+            "description": self.description,
+            "stratify": self.stratify,
+            "path": str(self.path) if self.path else None,
+        }
+
+
+# ---------------------------------------------------------------------------
+# The shortlist part: proxies, constraints, aggregation, k (read by probeselect.shortlist)
+# ---------------------------------------------------------------------------
+
+
+def _unknown(src: str, where: str, raw: dict, allowed) -> None:
+    extra = [k for k in raw if k not in allowed]
+    if extra:
+        bad = str(extra[0])
+        raise ProbeSpecError(f"{src}: {where}unknown key {bad!r}.{did_you_mean(bad, allowed)} "
+                             f"Allowed keys: {list(allowed)}.")
+
+
+def _number(src: str, where: str, value: Any, *, minimum: float | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+        raise ProbeSpecError(f"{src}: {where} must be a number, got {value!r}.")
+    if minimum is not None and value < minimum:
+        raise ProbeSpecError(f"{src}: {where} must be >= {minimum}, got {value!r}.")
+    return float(value)
+
+
+def plan_from_dict(raw: Any, *, source: str = "<plan>", path: Path | None = None) -> Plan:
+    """Validate a raw mapping into a :class:`Plan` (run-independent checks only)."""
+    src = source
+    if not isinstance(raw, dict):
+        raise ProbeSpecError(f"{src}: a selection plan must be a YAML mapping with `proxies:` (see recipes/selection.yaml).")
+    _unknown(src, "", raw, _PLAN_KEYS)
+    proxies_raw = raw.get("proxies")
+    if not isinstance(proxies_raw, list) or not proxies_raw:
+        raise ProbeSpecError(f"{src}: `proxies:` must be a non-empty list of {{family, variant, metric, direction}}.")
+    proxies = []
+    for i, p in enumerate(proxies_raw):
+        where = f"proxies[{i}]: "
+        if not isinstance(p, dict):
+            raise ProbeSpecError(f"{src}: {where}must be a mapping like {{family: arith_pattern, metric: mean_margin}}.")
+        _unknown(src, where, p, _PROXY_KEYS)
+        for key in ("family", "metric"):
+            if not isinstance(p.get(key), str) or not p[key]:
+                raise ProbeSpecError(f"{src}: {where}missing required key `{key}`.")
+        metric = p["metric"]
+        try:
+            known = direction_word(metric)
+        except ProbeselectError:
+            known = None
+        direction = p.get("direction", known)
+        if direction is None:
+            raise ProbeSpecError(f"{src}: {where}metric {metric!r} has no known direction; add `direction: higher` or "
+                                 "`direction: lower`.")
+        if direction not in ("higher", "lower"):
+            raise ProbeSpecError(f"{src}: {where}direction must be 'higher' or 'lower', got {direction!r}.")
+        if known is not None and direction != known:
+            raise ProbeSpecError(f"{src}: {where}direction {direction!r} contradicts {metric!r}, for which {known} is "
+                                 f"better; drop `direction:` (known directions: {sorted(DIRECTIONS)}).")
+        variant = p.get("variant", "*")
+        proxies.append(Proxy(family=p["family"], variant=str(variant), metric=metric, direction=direction))
+    ids = [p.id for p in proxies]
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise ProbeSpecError(f"{src}: proxy {dup[0]!r} is listed twice; drop one.")
+    if len(proxies) < 2:
+        raise ProbeSpecError(f"{src}: only one proxy ({ids[0]}); a shortlist on one probe cannot detect a one-probe "
+                             "winner. Add a second family (e.g. a capability track) to `proxies:`.")
+    cons = raw.get("constraints") or {}
+    if not isinstance(cons, dict):
+        raise ProbeSpecError(f"{src}: `constraints:` must be a mapping (heldout_bpb_within, capability_floor).")
+    _unknown(src, "constraints: ", cons, _CONSTRAINT_KEYS)
+    bpb = cons.get("heldout_bpb_within")
+    if bpb is not None:
+        bpb = _number(src, "constraints.heldout_bpb_within", bpb, minimum=0.0)
+    floors_raw = cons.get("capability_floor") or []
+    if isinstance(floors_raw, dict):
+        floors_raw = [floors_raw]
+    if not isinstance(floors_raw, list):
+        raise ProbeSpecError(f"{src}: constraints.capability_floor must be a list of {{family, metric, min}}.")
+    floors = []
+    for i, f in enumerate(floors_raw):
+        where = f"constraints.capability_floor[{i}]: "
+        if not isinstance(f, dict):
+            raise ProbeSpecError(f"{src}: {where}must be a mapping like {{family: arith_plain, metric: candidate_accuracy, min: 0.5}}.")
+        _unknown(src, where, f, _FLOOR_KEYS)
+        for key in ("family", "metric", "min"):
+            if key not in f:
+                raise ProbeSpecError(f"{src}: {where}missing required key `{key}`.")
+        variant = f.get("variant")
+        floors.append(Floor(family=str(f["family"]), variant=None if variant in (None, "*") else str(variant),
+                            metric=str(f["metric"]), min=_number(src, where + "min", f["min"])))
+    agg = raw.get("aggregation", "mean_rank")
+    if agg not in AGGREGATIONS:
+        raise ProbeSpecError(f"{src}: aggregation {agg!r} is not supported.{did_you_mean(str(agg), AGGREGATIONS)} "
+                             f"Choose one of {list(AGGREGATIONS)}.")
+    k = raw.get("k", 3)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ProbeSpecError(f"{src}: k must be a positive integer, got {k!r}.")
+    cands = raw.get("candidates")
+    if cands is not None:
+        if not isinstance(cands, list) or not cands or not all(isinstance(c, (str, int)) for c in cands):
+            raise ProbeSpecError(f"{src}: candidates must be a non-empty list of checkpoint names (or steps).")
+        cands = tuple(cands)
+    desc = raw.get("description", "")
+    strat = raw.get("stratify")
+    if strat not in STRATIFY:
+        raise ProbeSpecError(f"{src}: stratify must be null or 'data_windows', got {strat!r}.")
+    return Plan(proxies=tuple(proxies), heldout_bpb_within=bpb, floors=tuple(floors), aggregation=agg, k=k,
+                candidates=cands, description=str(desc or ""), path=path, stratify=strat)
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read and validate a selection plan YAML (duplicate keys are an error)."""
+    path = Path(path)
+    return plan_from_dict(load_yaml(path), source=str(path), path=path)
 
 
 @dataclass(frozen=True)
@@ -212,6 +394,43 @@ def load_selection_plan(path: str | Path) -> SelectionPlan:
 # ---------------------------------------------------------------------------
 
 
+def _check_against_run(plan: Plan, summary: pd.DataFrame, src: str) -> None:
+    families = list(dict.fromkeys(summary["family"].astype(str)))
+    for what, items in (("proxy", plan.proxies), ("capability floor", plan.floors)):
+        for p in items:
+            if p.family not in families:
+                raise ProbeSpecError(f"{src}: {what} {p.id}: family {p.family!r} is not in this run.{did_you_mean(p.family, families)} "
+                                     f"Families in the run: {families}. Score it first or fix the plan.")
+            fam_rows = summary[summary["family"] == p.family]
+            variants = list(dict.fromkeys(fam_rows["variant"].astype(str)))
+            if p.variant not in (None, "*") and p.variant not in variants:
+                raise ProbeSpecError(f"{src}: {what} {p.id}: family {p.family!r} has no variant {p.variant!r} in this run."
+                                     f"{did_you_mean(p.variant, variants)} Variants in the run: {variants}.")
+            numeric = [c for c in summary.columns if pd.api.types.is_numeric_dtype(summary[c]) and c not in _NON_METRICS]
+            if p.metric not in numeric:
+                raise ProbeSpecError(f"{src}: {what} {p.id}: metric {p.metric!r} is not a numeric summary.csv column."
+                                     f"{did_you_mean(p.metric, numeric)} Available: {numeric}.")
+            if fam_rows[p.metric].isna().all():
+                raise ProbeSpecError(f"{src}: {what} {p.id}: the run has no {p.metric} values for family {p.family!r}; "
+                                     "pick a metric this family records.")
+
+
+def _resolve_candidates(plan: Plan, order: list[str], steps: dict[str, Any], src: str) -> list[str]:
+    if plan.candidates is None:
+        return list(order)
+    by_step = {int(s): c for c, s in steps.items() if pd.notna(s)}
+    out = []
+    for c in plan.candidates:
+        if isinstance(c, int) and c in by_step:
+            out.append(by_step[c])
+        elif str(c) in order:
+            out.append(str(c))
+        else:
+            raise ProbeSpecError(f"{src}: candidate {c!r} is not a checkpoint of this run.{did_you_mean(str(c), order)} "
+                                 f"Checkpoints: {order}.")
+    return [c for c in order if c in set(out)]
+
+
 def validate_plan_against_run(plan: SelectionPlan, run_dir: Path, *, recipe: Any = None) -> list[str]:
     """Check every name in ``plan`` against what the run can produce; return warnings.
 
@@ -222,9 +441,6 @@ def validate_plan_against_run(plan: SelectionPlan, run_dir: Path, *, recipe: Any
     a part of its transfer suite (:data:`probeselect.transfer.METRICS_BY_PART`). Raises
     :class:`ProbeSpecError` naming the plan file, the bad name and the closest valid one.
     """
-    import pandas as pd
-
-    from .shortlist import _check_against_run, _resolve_candidates
     from .transfer import METRIC_NAMES, METRICS_BY_PART
 
     src = str(plan.path)
@@ -260,6 +476,20 @@ def validate_plan_against_run(plan: SelectionPlan, run_dir: Path, *, recipe: Any
     return warnings
 
 
+def min_p_best_of_m(n_bases: int, candidates: int) -> float:
+    """The smallest best-of-M p-value any proxy can reach with ``n_bases`` piloted bases and
+    ``candidates`` candidates without ties: a perfect rank agreement, P = 1 - (1 - 1/n!)^M."""
+    return 1.0 - (1.0 - 1.0 / math.factorial(n_bases)) ** candidates
+
+
+def smallest_beatable_k(candidates: int, alpha: float = 0.05, k_max: int = 12) -> int | None:
+    """The smallest shortlist size whose best-of-M null a perfect proxy can beat at ``alpha``."""
+    for k in range(2, k_max + 1):
+        if min_p_best_of_m(k, candidates) < alpha:
+            return k
+    return None
+
+
 def proxy_null_strength(plan: SelectionPlan) -> dict[str, Any]:
     """Can the best-of-M proxy null be beaten at 95% with the plan's shortlist size?
 
@@ -267,8 +497,6 @@ def proxy_null_strength(plan: SelectionPlan) -> dict[str, Any]:
     aggregate. ``min_p``: the best-of-M p-value of a perfect proxy over k bases;
     ``smallest_k``: the smallest k with ``min_p`` < 0.05.
     """
-    from .select import min_p_best_of_m, smallest_beatable_k
-
     k = plan.shortlist.k
     m = (plan.selection.random_proxies or len(plan.shortlist.proxies)) + 1
     p = min_p_best_of_m(k, m)

@@ -13,6 +13,31 @@ nats. One checkpoint is resident at a time. When ``out`` is given it writes a ru
 * ``cache/<checkpoint>/`` - one parquet part per (checkpoint, family, item chunk) unit,
   keyed by (checkpoint fingerprint, chunk items hash, scoring config); a re-run, or a
   run resumed after a kill, scores only the missing units.
+
+Options of :func:`score_checkpoints` beyond the answer spans:
+
+``heldout`` (a .txt with one document per line, a .jsonl with ``text``, or a saved
+``datasets`` folder) adds a capability track: held-out NLL in bits per byte per
+checkpoint (rolling windows of the model's context, ``heldout_stride`` tokens apart;
+default disjoint windows as in lm-eval), reported in ``summary.csv`` as family
+``heldout_nll``, variant ``bpb``, kind ``nll``.
+
+Families whose spec sets ``params.gen_samples`` > 0 (persona QA) are also scored by
+sampled generation (``generations.parquet``; ``gen_*`` columns in ``summary.csv``:
+consistency rate with a Wilson 95% interval, shortcut and unterminated rates). The
+generative audit greedily generates an answer for ``audit_items`` items per family
+(evaluation seed ``seeds[0]``; 0 disables it) and writes ``audit.parquet`` and
+``audit_summary.csv`` (agreement of ``correct``/``candidate_correct`` with what the
+model writes).
+
+``fingerprint`` (``sampled`` or ``full``) is how checkpoint folders are fingerprinted
+for the cache keys (see :func:`probeselect.checkpoints.fingerprint_checkpoint`).
+
+Job arrays (see :mod:`probeselect._shards`): ``shard="I/N"`` scores only the I-th of N
+disjoint blocks of work units into the shared ``out`` folder and writes
+``shards/shard-I-of-N.json`` instead of the final tables and manifest (no run lock; the
+shard that completes the plan merges); ``merge=True`` writes the final tables from the
+cache and refuses, naming the missing shards, unless every unit is cached.
 """
 
 from __future__ import annotations
@@ -390,6 +415,58 @@ def _sort_summary(summary: pd.DataFrame) -> pd.DataFrame:
                                                na_position="first").drop(columns="_k").reset_index(drop=True))
 
 
+# ---------------------------------------------------------------------------
+# The pipeline: check arguments -> read probes (stage 1) -> discover and check
+# checkpoints (2) -> plan work units (3) -> run units on an engine (4) -> write
+# tables and manifest (5). Each stage hands the next a small dataclass.
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Inputs:
+    """Stage 1: the probe specs and everything derived from them without a model."""
+
+    specs: list[FamilySpec]
+    fams: list[str]
+    items: list[ProbeItem]  # grouped by family (contiguous), then seed, variant, index
+    item_dicts: list[dict]
+    items_hash: str
+    heldout_texts: list[str] | None
+    heldout_hash: str | None
+    gen: dict[str, dict]  # family -> sampled-generation settings
+    audit_idx: list[int]  # positions in ``items`` of the audited items
+    persona_specs: dict[str, FamilySpec]  # GDsuite persona folders (generative)
+
+
+@dataclass
+class _Ladder:
+    """Stage 2: the checkpoints to score, those skipped (``keep_going``) and how many were found."""
+
+    ckpts: list[Checkpoint]
+    failed: dict[str, str]
+    n_found: int
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """How stage 4 runs units and where stage 5 writes (resolved arguments)."""
+
+    run_dir: Path | None
+    dev: torch.device
+    torch_dtype: torch.dtype
+    max_batch_tokens: int
+    max_length: int | None
+    on_overflow: str
+    prefix_reuse: bool
+    max_prefix_cache_tokens: int
+    tokenizer: Path | None  # override for every checkpoint
+    keep_going: bool
+    progress: bool
+    heldout: str | Path | None
+    heldout_stride: int | None
+    audit_max_new_tokens: int
+
+
 def score_checkpoints(
     checkpoints: str | Path | Sequence[Checkpoint],
     probes: Sequence[str | Path | FamilySpec],
@@ -431,53 +508,74 @@ def score_checkpoints(
     writes the files. A checkpoint that fails to load stops the run with
     :class:`CheckpointError`, or with ``keep_going`` is recorded as failed and skipped.
 
-    ``heldout`` (a .txt with one document per line, a .jsonl with ``text``, or a saved
-    ``datasets`` folder) adds a capability track: held-out NLL in bits per byte per
-    checkpoint (rolling windows of the model's context, ``heldout_stride`` tokens apart;
-    default disjoint windows as in lm-eval), reported in ``summary.csv`` as family
-    ``heldout_nll``, variant ``bpb``, kind ``nll``.
-
-    Families whose spec sets ``params.gen_samples`` > 0 (persona QA) are also scored by
-    sampled generation (``generations.parquet``; ``gen_*`` columns in ``summary.csv``:
-    consistency rate with a Wilson 95% interval, shortcut and unterminated rates). The
-    generative audit greedily generates an answer for ``audit_items`` items per family
-    (evaluation seed ``seeds[0]``; 0 disables it) and writes ``audit.parquet`` and
-    ``audit_summary.csv`` (agreement of ``correct``/``candidate_correct`` with what the
-    model writes).
-
-    ``fingerprint`` (``sampled`` or ``full``) is how checkpoint folders are fingerprinted
-    for the cache keys (see :func:`probeselect.checkpoints.fingerprint_checkpoint`).
-
-    Job arrays (see :mod:`probeselect._shards`): ``shard="I/N"`` scores only the I-th of N
-    disjoint blocks of work units into the shared ``out`` folder and writes
-    ``shards/shard-I-of-N.json`` instead of the final tables and manifest (no run lock; the
-    shard that completes the plan merges); ``merge=True`` writes the final tables from the
-    cache and refuses, naming the missing shards, unless every unit is cached.
+    Held-out NLL, sampled generation, the generative audit, fingerprints and job arrays:
+    see the module docstring.
     """
     call_args = dict(locals())  # for the merge that the last shard runs
+    seeds, shard, run_dir = _check_arguments(call_args)
+    inputs = _read_inputs(probes, seeds, heldout=heldout, heldout_stride=heldout_stride, audit_items=audit_items)
+    dist = dist_context()
+    if device == "auto" and dist.world_size > 1 and torch.cuda.is_available():
+        device = f"cuda:{dist.local_rank}"
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    ladder = _discover(checkpoints, inputs.specs, keep_going=keep_going, fingerprint=fingerprint,
+                       allow_tokenizer_mismatch=allow_tokenizer_mismatch)
+    scoring_config, manifest = _new_manifest(call_args, seeds=seeds, shard=shard, dev=dev, world_size=dist.world_size,
+                                             inputs=inputs, ladder=ladder)
+    # Work units planned up front: a merge checks them before touching the folder.
+    units = _plan_work(ladder, inputs, seeds=seeds, chunk_items=chunk_items, scoring_config=scoring_config,
+                       audit_max_new_tokens=audit_max_new_tokens)
+    own = _shards.owned_units(len(units), shard) if shard else None
+    if merge:  # refuses, naming the missing shards, unless every unit is cached
+        ladder.failed.update(_shards.check_merge(run_dir, units, ladder.ckpts, _cache_path, keep_going=keep_going))
+    settings = _Settings(
+        run_dir=run_dir, dev=dev, torch_dtype=torch_dtype, max_batch_tokens=max_batch_tokens, max_length=max_length,
+        on_overflow=on_overflow, prefix_reuse=prefix_reuse, max_prefix_cache_tokens=max_prefix_cache_tokens,
+        tokenizer=Path(tokenizer) if tokenizer else None, keep_going=keep_going, progress=progress and dist.is_main,
+        heldout=heldout, heldout_stride=heldout_stride, audit_max_new_tokens=audit_max_new_tokens)
+    res = _run_in_folder(units, own, shard, ladder, inputs, manifest, settings, dist)
+    if shard and res.manifest.get("merge_claimed"):
+        merged = score_checkpoints(**{**call_args, "shard": None, "merge": True})
+        merged.scored = res.scored  # this shard's model work
+        return merged
+    return res
+
+
+def _check_arguments(args: dict[str, Any]) -> tuple[list[int], tuple[int, int] | None, Path | None]:
+    """Refuse bad arguments before any file is read; return the seeds, the parsed shard and the run folder."""
+    shard = args["shard"]
     if shard is not None:
-        if merge:
+        if args["merge"]:
             raise UsageError("--shard and --merge exclude each other: run the shards, then one --merge.")
         shard = _shards.parse_shard(shard)
-    seeds = [int(s) for s in seeds]
+    seeds = [int(s) for s in args["seeds"]]
     if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
         raise UsageError(f"--seeds: evaluation seeds must be distinct non-negative integers, got {seeds}.")
-    if max_batch_tokens < 1 or chunk_items < 1:
+    if args["max_batch_tokens"] < 1 or args["chunk_items"] < 1:
         raise UsageError("--max-batch-tokens and --chunk-items must be positive.")
+    max_length = args["max_length"]
     if max_length is not None and max_length < 2:
         raise UsageError(f"--max-length must be at least 2 tokens, got {max_length}.")
+    on_overflow = args["on_overflow"]
     if on_overflow not in ("error", "truncate"):
         raise UsageError(f"--on-overflow must be 'error' or 'truncate', got {on_overflow!r}.")
-    if max_prefix_cache_tokens < 1:
+    if args["max_prefix_cache_tokens"] < 1:
         raise UsageError("--max-prefix-cache-tokens must be a positive number of tokens.")
-    if not probes:
+    if not args["probes"]:
         raise ProbeSpecError("no probe specs given; pass at least one, e.g. --probes probes/arith_pattern.yaml.")
-    run_dir = Path(out) if out is not None else None
+    run_dir = Path(args["out"]) if args["out"] is not None else None
     if run_dir is not None:
         _check_out_dir(run_dir)
+    tokenizer = args["tokenizer"]
     if tokenizer is not None and not Path(tokenizer).is_dir():
         raise UsageError(f"--tokenizer {tokenizer}: not a folder; pass a folder saved with "
                          "tokenizer.save_pretrained(...).")
+    return seeds, shard, run_dir
+
+
+def _read_inputs(probes, seeds: list[int], *, heldout, heldout_stride, audit_items: int) -> _Inputs:
+    """Stage 1: load the specs, generate every item, read the held-out text and pick the audited items."""
     specs = [p if isinstance(p, FamilySpec) else load_spec(p) for p in probes]  # cheap checks first
     fams = [s.family for s in specs]
     dup = sorted({f for f in fams if fams.count(f) > 1})
@@ -496,16 +594,15 @@ def score_checkpoints(
     audit_set = select_audit_items(items, n_per_family=audit_items, seed=0, eval_seed=seeds[0]) if audit_items else []
     audit_pos = {(it.item_id, it.seed): k for k, it in enumerate(items)}
     audit_idx = sorted(audit_pos[(it.item_id, it.seed)] for it in audit_set)
+    return _Inputs(specs=specs, fams=fams, items=items, item_dicts=item_dicts, items_hash=items_hash,
+                   heldout_texts=heldout_texts, heldout_hash=heldout_hash, gen=gen, audit_idx=audit_idx,
+                   persona_specs={s.family: s for s in specs if is_persona_spec(s)})
 
-    dist = dist_context()
-    if device == "auto" and dist.world_size > 1 and torch.cuda.is_available():
-        device = f"cuda:{dist.local_rank}"
-    dev = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype, dev)
-    progress = progress and dist.is_main
 
-    # Checkpoints: a folder is discovered (with keep_going, a checkpoint rejected here,
-    # e.g. a corrupt config or truncated weights, is recorded as failed and skipped).
+def _discover(checkpoints, specs: list[FamilySpec], *, keep_going: bool, fingerprint: str,
+              allow_tokenizer_mismatch: bool) -> _Ladder:
+    """Stage 2: the checkpoints to score. A folder is discovered (with keep_going, a checkpoint
+    rejected here, e.g. a corrupt config or truncated weights, is recorded as failed and skipped)."""
     failed: dict[str, str] = {}
     if isinstance(checkpoints, (str, Path)):
         rejected: dict[str, str] = {}
@@ -526,37 +623,44 @@ def score_checkpoints(
         log.warning("skipping %s: %s", name, err)
     n_found = len(ckpts) + len(failed)
     check_requirements(specs, ckpts)  # toy-world families only on toy-ladder checkpoints
+    return _Ladder(ckpts=ckpts, failed=failed, n_found=n_found)
 
-    scoring_config = {"dtype": dtype, "device_type": dev.type, "max_length": max_length, "scorer": "spans-v1"}
+
+def _new_manifest(args: dict[str, Any], *, seeds: list[int], shard, dev: torch.device, world_size: int,
+                  inputs: _Inputs, ladder: _Ladder) -> tuple[dict, dict]:
+    """The scoring config that enters every cache key, and the run's manifest (status ``running``)."""
+    checkpoints, heldout, specs = args["checkpoints"], args["heldout"], inputs.specs
+    scoring_config = {"dtype": args["dtype"], "device_type": dev.type, "max_length": args["max_length"],
+                      "scorer": "spans-v1"}
     config = {
-        "checkpoints": str(checkpoints) if isinstance(checkpoints, (str, Path)) else [c.name for c in ckpts],
+        "checkpoints": str(checkpoints) if isinstance(checkpoints, (str, Path)) else [c.name for c in ladder.ckpts],
         "probes": [s.to_dict() for s in specs],
         "seeds": seeds,
-        "dtype": dtype,
+        "dtype": args["dtype"],
         "device": str(dev),
-        "world_size": dist.world_size,
-        "max_batch_tokens": max_batch_tokens,
-        "prefix_reuse": prefix_reuse,
-        "max_prefix_cache_tokens": max_prefix_cache_tokens,
-        "max_length": max_length,
-        "on_overflow": on_overflow,
-        "chunk_items": chunk_items,
-        "tokenizer": str(tokenizer) if tokenizer else None,
-        "allow_tokenizer_mismatch": allow_tokenizer_mismatch,
-        "keep_going": keep_going,
+        "world_size": world_size,
+        "max_batch_tokens": args["max_batch_tokens"],
+        "prefix_reuse": args["prefix_reuse"],
+        "max_prefix_cache_tokens": args["max_prefix_cache_tokens"],
+        "max_length": args["max_length"],
+        "on_overflow": args["on_overflow"],
+        "chunk_items": args["chunk_items"],
+        "tokenizer": str(args["tokenizer"]) if args["tokenizer"] else None,
+        "allow_tokenizer_mismatch": args["allow_tokenizer_mismatch"],
+        "keep_going": args["keep_going"],
         "heldout": str(heldout) if heldout is not None else None,
-        "heldout_stride": heldout_stride,
-        "generation": gen,
-        "audit_items": audit_items,
-        "audit_max_new_tokens": audit_max_new_tokens,
-        "fingerprint": fingerprint,
+        "heldout_stride": args["heldout_stride"],
+        "generation": inputs.gen,
+        "audit_items": args["audit_items"],
+        "audit_max_new_tokens": args["audit_max_new_tokens"],
+        "fingerprint": args["fingerprint"],
         "shard": list(shard) if shard else None,
-        "merge": merge,
+        "merge": args["merge"],
     }
     manifest = base_manifest("score", config)
     manifest.update(
         status="running",
-        checkpoints=[c.to_dict() for c in ckpts],
+        checkpoints=[c.to_dict() for c in ladder.ckpts],
         probes=[
             {
                 "family": s.family,
@@ -568,24 +672,36 @@ def score_checkpoints(
             for s in specs
         ],
         seeds=seeds,
-        items_hash=items_hash,
+        items_hash=inputs.items_hash,
         heldout={"path": str(heldout), "sha256": sha256_file(Path(heldout)) if Path(heldout).is_file() else None,
-                 "content_hash": heldout_hash, "n_docs": len(heldout_texts)} if heldout_texts else None,
+                 "content_hash": inputs.heldout_hash, "n_docs": len(inputs.heldout_texts)}
+        if inputs.heldout_texts else None,
         scoring_config=scoring_config,
         complete=[],
-        failed=[{"checkpoint": n, "error": e} for n, e in failed.items()],
+        failed=[{"checkpoint": n, "error": e} for n, e in ladder.failed.items()],
     )
-    # Work units planned up front: a merge checks them before touching the folder.
-    persona_specs = {s.family: s for s in specs if is_persona_spec(s)}  # GDsuite persona folders (generative)
-    units: list[WorkUnit] = _plan_units(ckpts, items, [f for f in fams if f not in persona_specs], chunk_items,
-                                        scoring_config, heldout_hash, gen, audit_idx, audit_max_new_tokens)
+    return scoring_config, manifest
+
+
+def _plan_work(ladder: _Ladder, inputs: _Inputs, *, seeds: list[int], chunk_items: int, scoring_config: dict,
+               audit_max_new_tokens: int) -> list[WorkUnit]:
+    """Stage 3: every work unit of the run, in a fixed order (the cache keys and the shards' shares)."""
+    ckpts, persona_specs = ladder.ckpts, inputs.persona_specs
+    units: list[WorkUnit] = _plan_units(ckpts, inputs.items, [f for f in inputs.fams if f not in persona_specs],
+                                        chunk_items, scoring_config, inputs.heldout_hash, inputs.gen, inputs.audit_idx,
+                                        audit_max_new_tokens)
     units.extend(WorkUnit(ci, f, 0, (0, 0), canonical_json_hash({"fp": ck.fingerprint, "persona": sp.spec_hash,
-                                                                  "seeds": manifest["seeds"], "cfg": scoring_config}),
+                                                                  "seeds": seeds, "cfg": scoring_config}),
                           task="persona")
                  for ci, ck in enumerate(ckpts) for f, sp in persona_specs.items())
-    own = _shards.owned_units(len(units), shard) if shard else None
-    if merge:  # refuses, naming the missing shards, unless every unit is cached
-        failed.update(_shards.check_merge(run_dir, units, ckpts, _cache_path, keep_going=keep_going))
+    return units
+
+
+def _run_in_folder(units, own, shard, ladder: _Ladder, inputs: _Inputs, manifest: dict, settings: _Settings,
+                   dist) -> ScoreResult:
+    """Stages 4-5 under the run folder's lock; an interrupted or failed run says so in its manifest
+    and leaves the previous tables in place."""
+    run_dir = settings.run_dir
     writer = run_dir is not None and dist.is_main and shard is None  # a shard writes only its own record
     lock = None
     old_manifest = None
@@ -597,33 +713,13 @@ def score_checkpoints(
         lock = RunLock(run_dir, error_cls=UsageError).acquire()
     try:
         if shard and dist.is_main:
-            _shards.begin_shard(run_dir, shard, manifest, units, own, ckpts, _cache_path)
+            _shards.begin_shard(run_dir, shard, manifest, units, own, ladder.ckpts, _cache_path)
         if writer:
-            old_manifest = _read_old_manifest(run_dir)
-            previous = _previous_outputs(old_manifest)
-            if previous:
-                # The tables on disk belong to that earlier run until this one completes.
-                manifest["previous_outputs"] = previous
-            # Written before any work: the folder says a run is in progress, and the old
-            # complete tables stay in place (swapped only when this run completes).
-            atomic_write_json(run_dir / "manifest.json", manifest)
-            # A SIGKILL between mkstemp and os.replace leaves a hidden ".<name>.<random>.tmp";
-            # the final file is never torn, but the orphan is removed here (no other writer runs).
-            for orphan in (run_dir / "cache").glob("*/.*.tmp"):
-                orphan.unlink(missing_ok=True)
+            old_manifest = _open_run_folder(run_dir, manifest)
         dist.barrier()
-        res = _score_run(
-            ckpts, items, item_dicts, fams, specs, manifest, units, failed, run_dir=run_dir, dist=dist, dev=dev,
-            torch_dtype=torch_dtype, scoring_config=scoring_config, chunk_items=chunk_items,
-            heldout=heldout, heldout_texts=heldout_texts, heldout_hash=heldout_hash, heldout_stride=heldout_stride,
-            gen=gen, audit_idx=audit_idx, audit_max_new_tokens=audit_max_new_tokens, tokenizer=tokenizer,
-            max_batch_tokens=max_batch_tokens, max_length=max_length, on_overflow=on_overflow,
-            keep_going=keep_going, progress=progress, old_manifest=old_manifest, n_found=n_found,
-            shard=shard, own=own,
-            prefix_reuse=prefix_reuse, max_prefix_cache_tokens=max_prefix_cache_tokens,
-        )
+        return _score_run(units, own, shard, ladder, inputs, manifest, settings, dist, old_manifest)
     except KeyboardInterrupt:
-        saved = _units_saved(run_dir, ckpts, units)
+        saved = _units_saved(run_dir, ladder.ckpts, units)
         if writer:
             manifest.update(status="interrupted", units_saved=saved,
                             error="interrupted (Ctrl-C or SIGTERM); re-run the same command to resume")
@@ -632,17 +728,29 @@ def score_checkpoints(
     except BaseException as exc:
         if writer:
             manifest.update(status="failed", error=f"{type(exc).__name__}: {exc}",
-                            units_saved=_units_saved(run_dir, ckpts, units))
+                            units_saved=_units_saved(run_dir, ladder.ckpts, units))
             atomic_write_json(run_dir / "manifest.json", manifest)
         raise
     finally:
         if lock is not None:
             lock.release()
-    if shard and res.manifest.get("merge_claimed"):
-        merged = score_checkpoints(**{**call_args, "shard": None, "merge": True})
-        merged.scored = res.scored  # this shard's model work
-        return merged
-    return res
+
+
+def _open_run_folder(run_dir: Path, manifest: dict) -> dict | None:
+    """Mark the folder as running (before any work) and return its previous manifest."""
+    old_manifest = _read_old_manifest(run_dir)
+    previous = _previous_outputs(old_manifest)
+    if previous:
+        # The tables on disk belong to that earlier run until this one completes.
+        manifest["previous_outputs"] = previous
+    # Written before any work: the folder says a run is in progress, and the old
+    # complete tables stay in place (swapped only when this run completes).
+    atomic_write_json(run_dir / "manifest.json", manifest)
+    # A SIGKILL between mkstemp and os.replace leaves a hidden ".<name>.<random>.tmp";
+    # the final file is never torn, but the orphan is removed here (no other writer runs).
+    for orphan in (run_dir / "cache").glob("*/.*.tmp"):
+        orphan.unlink(missing_ok=True)
+    return old_manifest
 
 
 # Final tables of a score run: written to a staging folder and swapped in together.
@@ -738,166 +846,274 @@ def _overflow_error(family: str, n_over: int, n: int, example: str, need: int, l
     )
 
 
-def _score_run(ckpts, items, item_dicts, fams, specs, manifest, units, failed, *, run_dir, dist, dev, torch_dtype,
-               scoring_config, chunk_items, heldout, heldout_texts, heldout_hash, heldout_stride, gen, audit_idx,
-               audit_max_new_tokens, tokenizer, max_batch_tokens, max_length, on_overflow, keep_going, progress,
-               old_manifest, n_found, shard=None, own=None, prefix_reuse=True,
-               max_prefix_cache_tokens=DEFAULT_MAX_PREFIX_CACHE_TOKENS) -> ScoreResult:
-    persona_specs = {s.family: s for s in specs if is_persona_spec(s)}  # GDsuite persona folders (generative)
-    gen_share = MIN_SHARED_PREFIX if prefix_reuse else 0  # generation: prompts' shared prefixes prefilled once
+# ---------------------------------------------------------------------------
+# Stage 4: run this process's units, one checkpoint resident at a time
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Work:
+    """What one process did in stage 4 (unit results keyed by the unit's index in the plan)."""
+
+    assigned: list[int]  # unit indices given to this process
+    done: dict[int, pd.DataFrame] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)  # checkpoint -> load error (keep_going)
+    scored: set[str] = field(default_factory=set)  # checkpoints with model work now
+    computed: set[int] = field(default_factory=set)  # units computed now (not read from the cache)
+    n_cached: int = 0
+
+
+@dataclass
+class _UnitContext:
+    """An engine's hand-off: one loaded checkpoint and what its units need."""
+
+    ckpt: Checkpoint
+    model: Any
+    tokenizer: Any
+    encoded: list[EncodedGroup]  # every item, encoded with this checkpoint's tokenizer
+    inputs: _Inputs
+    settings: _Settings
+    seeds: list[int]
+
+    @property
+    def gen_share(self) -> int:
+        """Shared-prefix length from which generation prefills a prompt prefix once (0 = never)."""
+        return MIN_SHARED_PREFIX if self.settings.prefix_reuse else 0
+
+
+def _score_run(units, own, shard, ladder: _Ladder, inputs: _Inputs, manifest: dict, settings: _Settings, dist,
+               old_manifest: dict | None) -> ScoreResult:
+    """Stages 4-5: run this process's share of the units, gather every process's, build and write the tables."""
     pool = own if own is not None else range(len(units))
     mine = [units[pool[i]] for i in split_contiguous(len(pool), dist.world_size, dist.rank)]
-    encoded_by_tok: dict[Any, list[EncodedGroup]] = {}
-    tokenizers: dict[Any, Any] = {}
-    tok_override = Path(tokenizer) if tokenizer else None
-    done: dict[int, pd.DataFrame] = {}  # unit index -> rows
-    scored_now: set[str] = set()
-    my_failed: dict[str, str] = {}
-    n_cached = 0
-    computed_now: set[int] = set()  # unit indices this rank computed (not read from the cache)
+    work = _run_units(units, mine, ladder, inputs, settings, manifest["seeds"])
+    gathered = _gather(work, ladder.failed, dist)
+    if shard:
+        return _shard_result(gathered, units, own, shard, ladder, inputs, manifest, settings.run_dir, dist)
+    missing = [u for i, u in enumerate(units) if i not in gathered.done and ladder.ckpts[u.ckpt_index].name not in ladder.failed]
+    if missing:  # cannot happen unless a rank died silently; never present partial results
+        raise RuntimeError(f"{len(missing)} work units produced no result")
+    tables = _build_tables(gathered.done, units, inputs.item_dicts)
+    _complete_manifest(manifest, ladder, inputs.fams, units, gathered, tables.n_truncated)
+    superseded: list[str] = []
+    if settings.run_dir is not None and dist.is_main:
+        superseded = _write_tables(settings.run_dir, tables, manifest, old_manifest)
+    dist.barrier()
+    return ScoreResult(items=pd.DataFrame(tables.item_dicts), scores=tables.scores, summary=tables.summary,
+                       manifest=manifest, run_dir=settings.run_dir, scored=manifest["scored_now"],
+                       failed=dict(ladder.failed), generations=tables.generations, audit=tables.audit,
+                       audit_summary=tables.audit_summary, n_checkpoints=ladder.n_found, units_total=len(units),
+                       units_cached=gathered.n_cached, superseded=superseded, n_truncated=tables.n_truncated,
+                       persona=tables.persona)
+
+
+def _run_units(units, mine, ladder: _Ladder, inputs: _Inputs, settings: _Settings, seeds: list[int]) -> _Work:
+    """Stage 4: for each checkpoint, reuse its cached units, then load it once and run the rest."""
     unit_index = {u: i for i, u in enumerate(units)}
+    work = _Work(assigned=sorted(unit_index[u] for u in mine))
+    tokenizers: dict[Any, tuple[Any, list[EncodedGroup]]] = {}  # tokenizer key -> (tokenizer, encoded items)
     by_ckpt: dict[int, list[WorkUnit]] = {}
     for u in mine:
         by_ckpt.setdefault(u.ckpt_index, []).append(u)
-
-    outer = tqdm(by_ckpt.items(), desc="checkpoints", unit="ckpt", disable=not progress)
+    outer = tqdm(by_ckpt.items(), desc="checkpoints", unit="ckpt", disable=not settings.progress)
     for ci, ck_units in outer:
-        ckpt = ckpts[ci]
+        ckpt = ladder.ckpts[ci]
         outer.set_postfix_str(ckpt.name)
-        todo = []
-        for u in ck_units:
-            cache = _cache_path(run_dir, ckpt, u) if run_dir else None
-            part = pd.read_parquet(cache) if cache is not None and cache.is_file() else None
-            if part is not None and u.task == "spans" and "truncated_tokens" not in part.columns:
-                part = None  # cached before truncation was recorded: score it again
-            if part is not None and u.task == "spans" and on_overflow == "error" and (part["truncated_tokens"] > 0).any():
-                raise ScoringError(
-                    f"{cache}: cached scores of family {u.family} were computed with truncated prompts "
-                    "(--on-overflow truncate); pass --on-overflow truncate again or use a fresh --out.")
-            if part is not None:
-                done[unit_index[u]] = part
-                n_cached += 1
-            else:
-                todo.append((u, cache))
-        if not todo or ckpt.name in failed:  # (failed: recorded by a shard, merged with --keep-going)
+        todo = _reuse_cached(ckpt, ck_units, settings, work, unit_index)
+        if not todo or ckpt.name in ladder.failed:  # (failed: recorded by a shard, merged with --keep-going)
             continue
-        try:
-            tok_key = "override" if tok_override else ckpt.tokenizer_hash or ckpt.name
-            if tok_key not in encoded_by_tok:
-                tok = load_tokenizer(tok_override or ckpt.path)
-                encoded_by_tok[tok_key] = _encode_items(tok, items)
-                tokenizers[tok_key] = tok
-            model = load_model(ckpt.path, torch_dtype, dev)
-        except CheckpointError as exc:
-            if not keep_going:
-                raise
-            log.warning("skipping %s: %s", ckpt.name, exc)
-            my_failed[ckpt.name] = str(exc)
+        ctx = _open_checkpoint(ckpt, inputs, settings, seeds, tokenizers, work)
+        if ctx is None:
             continue
         try:
             for u, cache in todo:
-                s, e = u.item_slice
-                if u.task == "nll":
-                    bar = tqdm(total=None, desc=f"  {ckpt.name} held-out NLL", unit="window", leave=False,
-                               disable=not progress)
-                    try:
-                        part = _nll_unit(ckpt, model, tokenizers[tok_key], heldout_texts, max_length=max_length,
-                                         stride=heldout_stride, device=dev, source=str(heldout), progress=bar)
-                    finally:
-                        bar.close()
-                elif u.task == "gen":
-                    g = gen[u.family]
-                    bar = tqdm(total=e - s, desc=f"  {ckpt.name} {u.family} sampling", unit="prompt", leave=False,
-                               disable=not progress)
-                    try:
-                        part = _with_checkpoint(persona_generation_table(
-                            model, tokenizers[tok_key], items[s:e], n=g["n"], temperature=g["temperature"],
-                            max_new_tokens=g["max_new_tokens"], seed=0, min_shared_prefix=gen_share,
-                            progress=bar), ckpt)
-                    finally:
-                        bar.close()
-                elif u.task == "persona":
-                    part = _with_checkpoint(gdsuite_persona_table(model, tokenizers[tok_key], persona_specs[u.family],
-                                                                  manifest["seeds"], min_shared_prefix=gen_share),
-                                            ckpt)
-                elif u.task == "audit":
-                    bar = tqdm(total=len(audit_idx), desc=f"  {ckpt.name} generative audit", unit="item",
-                               leave=False, disable=not progress)
-                    try:
-                        part = _with_checkpoint(generative_audit(
-                            model, tokenizers[tok_key], [items[k] for k in audit_idx],
-                            max_new_tokens=audit_max_new_tokens, min_shared_prefix=gen_share, progress=bar), ckpt)
-                    finally:
-                        bar.close()
-                else:
-                    limit = max_length or _model_max_length(model)
-                    enc = encoded_by_tok[tok_key][s:e]
-                    trunc = _overflow(enc, limit)
-                    over = [k for k, t in enumerate(trunc) if t]
-                    if over and on_overflow == "error":
-                        k = over[0]
-                        it = items[s + k]
-                        need = len(enc[k].context_ids) + max(len(c) for c in enc[k].continuations) - 1
-                        raise _overflow_error(u.family, len(over), e - s, f"item {it.item_id} (seed {it.seed})",
-                                              need, limit)
-                    part = _score_unit(ckpt, model, items[s:e], enc, trunc, max_batch_tokens=max_batch_tokens,
-                                       max_length=max_length, device=dev, progress=progress,
-                                       prefix_reuse=prefix_reuse, max_prefix_cache_tokens=max_prefix_cache_tokens)
+                part = _ENGINES[u.task](ctx, u)
                 if cache is not None:
                     atomic_write_parquet(cache, part)
-                done[unit_index[u]] = part
-                computed_now.add(unit_index[u])
-                scored_now.add(ckpt.name)
+                work.done[unit_index[u]] = part
+                work.computed.add(unit_index[u])
+                work.scored.add(ckpt.name)
         finally:
-            del model
+            del ctx  # the model: one checkpoint resident at a time
             gc.collect()
-            if dev.type == "cuda":
+            if settings.dev.type == "cuda":
                 torch.cuda.empty_cache()
     outer.close()
+    return work
 
-    # Gather every rank's units (and failures) so all ranks hold the same tables.
-    # Each rank also reports which units it was assigned and which it computed now (manifest
-    # `units_by_rank`), so a test can see that the work was really sharded.
-    gathered = dist.all_gather((done, my_failed, sorted(scored_now), n_cached, sorted(unit_index[u] for u in mine),
-                                sorted(computed_now)))
-    done, scored_list, n_cached = {}, [], 0
-    units_by_rank = []
+
+def _reuse_cached(ckpt: Checkpoint, ck_units: list[WorkUnit], settings: _Settings, work: _Work,
+                  unit_index: dict) -> list[tuple[WorkUnit, Path | None]]:
+    """Take the checkpoint's units that the run folder's cache holds; return the others with their cache path."""
+    run_dir, todo = settings.run_dir, []
+    for u in ck_units:
+        cache = _cache_path(run_dir, ckpt, u) if run_dir else None
+        part = pd.read_parquet(cache) if cache is not None and cache.is_file() else None
+        if part is not None and u.task == "spans" and "truncated_tokens" not in part.columns:
+            part = None  # cached before truncation was recorded: score it again
+        if part is not None and u.task == "spans" and settings.on_overflow == "error" and (part["truncated_tokens"] > 0).any():
+            raise ScoringError(
+                f"{cache}: cached scores of family {u.family} were computed with truncated prompts "
+                "(--on-overflow truncate); pass --on-overflow truncate again or use a fresh --out.")
+        if part is not None:
+            work.done[unit_index[u]] = part
+            work.n_cached += 1
+        else:
+            todo.append((u, cache))
+    return todo
+
+
+def _open_checkpoint(ckpt: Checkpoint, inputs: _Inputs, settings: _Settings, seeds: list[int], tokenizers: dict,
+                     work: _Work) -> _UnitContext | None:
+    """Load the checkpoint's tokenizer (items are encoded once per distinct tokenizer) and its
+    model; with ``keep_going`` a checkpoint that fails to load is recorded and skipped (None)."""
+    try:
+        tok_key = "override" if settings.tokenizer else ckpt.tokenizer_hash or ckpt.name
+        if tok_key not in tokenizers:
+            tok = load_tokenizer(settings.tokenizer or ckpt.path)
+            tokenizers[tok_key] = (tok, _encode_items(tok, inputs.items))
+        model = load_model(ckpt.path, settings.torch_dtype, settings.dev)
+    except CheckpointError as exc:
+        if not settings.keep_going:
+            raise
+        log.warning("skipping %s: %s", ckpt.name, exc)
+        work.failed[ckpt.name] = str(exc)
+        return None
+    tok, encoded = tokenizers[tok_key]
+    return _UnitContext(ckpt=ckpt, model=model, tokenizer=tok, encoded=encoded, inputs=inputs, settings=settings,
+                        seeds=seeds)
+
+
+def _spans_engine(ctx: _UnitContext, u: WorkUnit) -> pd.DataFrame:
+    """Answer-span log-probabilities of a chunk of items (:func:`spans.score_groups`)."""
+    s, e = u.item_slice
+    st, items = ctx.settings, ctx.inputs.items
+    limit = st.max_length or _model_max_length(ctx.model)
+    enc = ctx.encoded[s:e]
+    trunc = _overflow(enc, limit)
+    over = [k for k, t in enumerate(trunc) if t]
+    if over and st.on_overflow == "error":
+        k = over[0]
+        it = items[s + k]
+        need = len(enc[k].context_ids) + max(len(c) for c in enc[k].continuations) - 1
+        raise _overflow_error(u.family, len(over), e - s, f"item {it.item_id} (seed {it.seed})", need, limit)
+    return _score_unit(ctx.ckpt, ctx.model, items[s:e], enc, trunc, max_batch_tokens=st.max_batch_tokens,
+                       max_length=st.max_length, device=st.dev, progress=st.progress,
+                       prefix_reuse=st.prefix_reuse, max_prefix_cache_tokens=st.max_prefix_cache_tokens)
+
+
+def _nll_engine(ctx: _UnitContext, u: WorkUnit) -> pd.DataFrame:
+    """Held-out bits per byte (:func:`capability.heldout_nll`)."""
+    st = ctx.settings
+    with tqdm(total=None, desc=f"  {ctx.ckpt.name} held-out NLL", unit="window", leave=False,
+              disable=not st.progress) as bar:
+        return _nll_unit(ctx.ckpt, ctx.model, ctx.tokenizer, ctx.inputs.heldout_texts, max_length=st.max_length,
+                         stride=st.heldout_stride, device=st.dev, source=str(st.heldout), progress=bar)
+
+
+def _gen_engine(ctx: _UnitContext, u: WorkUnit) -> pd.DataFrame:
+    """Sampled generations of a family (:func:`generation.persona_generation_table`)."""
+    s, e = u.item_slice
+    g = ctx.inputs.gen[u.family]
+    with tqdm(total=e - s, desc=f"  {ctx.ckpt.name} {u.family} sampling", unit="prompt", leave=False,
+              disable=not ctx.settings.progress) as bar:
+        return _with_checkpoint(persona_generation_table(
+            ctx.model, ctx.tokenizer, ctx.inputs.items[s:e], n=g["n"], temperature=g["temperature"],
+            max_new_tokens=g["max_new_tokens"], seed=0, min_shared_prefix=ctx.gen_share, progress=bar), ctx.ckpt)
+
+
+def _persona_engine(ctx: _UnitContext, u: WorkUnit) -> pd.DataFrame:
+    """GDsuite persona generations (:func:`probes._gdsuite.gdsuite_persona_table`)."""
+    return _with_checkpoint(gdsuite_persona_table(ctx.model, ctx.tokenizer, ctx.inputs.persona_specs[u.family],
+                                                  ctx.seeds, min_shared_prefix=ctx.gen_share), ctx.ckpt)
+
+
+def _audit_engine(ctx: _UnitContext, u: WorkUnit) -> pd.DataFrame:
+    """Greedy generative audit of the audited items (:func:`generation.generative_audit`)."""
+    audit_idx = ctx.inputs.audit_idx
+    with tqdm(total=len(audit_idx), desc=f"  {ctx.ckpt.name} generative audit", unit="item", leave=False,
+              disable=not ctx.settings.progress) as bar:
+        return _with_checkpoint(generative_audit(
+            ctx.model, ctx.tokenizer, [ctx.inputs.items[k] for k in audit_idx],
+            max_new_tokens=ctx.settings.audit_max_new_tokens, min_shared_prefix=ctx.gen_share, progress=bar), ctx.ckpt)
+
+
+# WorkUnit.task -> the engine that runs it.
+_ENGINES = {"spans": _spans_engine, "nll": _nll_engine, "gen": _gen_engine, "persona": _persona_engine,
+            "audit": _audit_engine}
+
+
+@dataclass
+class _Gathered:
+    """Every process's stage-4 results, identical on all ranks."""
+
+    done: dict[int, pd.DataFrame]
+    scored: list[str]
+    n_cached: int
+    units_by_rank: list[dict]
+
+
+def _gather(work: _Work, failed: dict[str, str], dist) -> _Gathered:
+    """Gather every rank's units (and failures, into ``failed``) so all ranks hold the same tables.
+    Each rank also reports which units it was assigned and which it computed now (manifest
+    ``units_by_rank``), so a test can see that the work was really sharded."""
+    gathered = dist.all_gather((work.done, work.failed, sorted(work.scored), work.n_cached, work.assigned,
+                                sorted(work.computed)))
+    out = _Gathered(done={}, scored=[], n_cached=0, units_by_rank=[])
     for r, (d, f, sc, nc, assigned, comp) in enumerate(gathered):
-        units_by_rank.append({"rank": r, "assigned": assigned, "computed": comp})
-        done.update(d)
+        out.units_by_rank.append({"rank": r, "assigned": assigned, "computed": comp})
+        out.done.update(d)
         failed.update(f)
-        scored_list.extend(sc)
-        n_cached += nc
-    if shard:
-        rec, merge_now = _shards.finish_shard(run_dir, shard, manifest, units, own, ckpts, _cache_path,
-                                              failed=failed, scored=scored_list, dist=dist)
-        rec["merge_claimed"] = merge_now
-        scores = pd.concat([done[i] for i in sorted(done) if units[i].task == "spans"] or [pd.DataFrame()],
-                           ignore_index=True)
-        return ScoreResult(items=pd.DataFrame(item_dicts), scores=scores, summary=pd.DataFrame(), manifest=rec,
-                           run_dir=run_dir, scored=[c.name for c in ckpts if c.name in set(scored_list)],
-                           failed=dict(failed), n_checkpoints=n_found, units_total=len(own), units_cached=n_cached)
-    missing = [u for i, u in enumerate(units) if i not in done and ckpts[u.ckpt_index].name not in failed]
-    if missing:  # cannot happen unless a rank died silently; never present partial results
-        raise RuntimeError(f"{len(missing)} work units produced no result")
-    parts = [done[i] for i, u in enumerate(units) if i in done and u.task == "spans"]
-    nll_parts = [done[i] for i, u in enumerate(units) if i in done and u.task == "nll"]
+        out.scored.extend(sc)
+        out.n_cached += nc
+    return out
+
+
+def _shard_result(gathered: _Gathered, units, own, shard, ladder: _Ladder, inputs: _Inputs, manifest: dict,
+                  run_dir: Path | None, dist) -> ScoreResult:
+    """A shard writes its record instead of the tables; it returns its own span scores."""
+    failed, scored_list = ladder.failed, gathered.scored
+    rec, merge_now = _shards.finish_shard(run_dir, shard, manifest, units, own, ladder.ckpts, _cache_path,
+                                          failed=failed, scored=scored_list, dist=dist)
+    rec["merge_claimed"] = merge_now
+    scores = pd.concat([gathered.done[i] for i in sorted(gathered.done) if units[i].task == "spans"] or [pd.DataFrame()],
+                       ignore_index=True)
+    return ScoreResult(items=pd.DataFrame(inputs.item_dicts), scores=scores, summary=pd.DataFrame(), manifest=rec,
+                       run_dir=run_dir, scored=[c.name for c in ladder.ckpts if c.name in set(scored_list)],
+                       failed=dict(failed), n_checkpoints=ladder.n_found, units_total=len(own),
+                       units_cached=gathered.n_cached)
+
+
+# ---------------------------------------------------------------------------
+# Stage 5: tables and manifest
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Tables:
+    """The run's final tables (None: not written)."""
+
+    item_dicts: list[dict]
+    scores: pd.DataFrame
+    summary: pd.DataFrame
+    n_truncated: int
+    generations: pd.DataFrame | None
+    audit: pd.DataFrame | None
+    audit_summary: pd.DataFrame | None
+    persona: pd.DataFrame | None
+
+
+def _parts(done: dict[int, pd.DataFrame], units, task: str) -> list[pd.DataFrame]:
+    return [done[i] for i, u in enumerate(units) if i in done and u.task == task]
+
+
+def _build_tables(done: dict[int, pd.DataFrame], units, item_dicts: list[dict]) -> _Tables:
+    """Concatenate the unit results in plan order and summarize them."""
+    parts = _parts(done, units, "spans")
     scores = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-    summary = summarize_scores(scores) if len(scores) else pd.DataFrame()
-    n_truncated = int((scores["truncated_tokens"] > 0).sum()) if len(scores) else 0
-    if len(summary):
-        trunc = (scores.assign(_t=scores["truncated_tokens"] > 0)
-                 .groupby(["checkpoint", "family", "variant"], sort=False)["_t"].sum()
-                 .rename("truncated_items").reset_index())
-        summary = summary.merge(trunc, on=["checkpoint", "family", "variant"], how="left")
-    if n_truncated:
-        log.warning("%d of %d scored prompts (checkpoint x item x seed) were cut from the left to fit the context "
-                    "(--on-overflow truncate); see truncated_tokens in scores.parquet and items.jsonl, "
-                    "truncated_items in summary.csv.", n_truncated, len(scores))
-    gen_parts = [done[i] for i, u in enumerate(units) if i in done and u.task == "gen"]
-    audit_parts = [done[i] for i, u in enumerate(units) if i in done and u.task == "audit"]
+    summary, n_truncated = _span_summary(scores)
+    gen_parts, audit_parts, persona_parts = (_parts(done, units, t) for t in ("gen", "audit", "persona"))
     generations = pd.concat(gen_parts, ignore_index=True) if gen_parts else None
-    persona_parts = [done[i] for i, u in enumerate(units) if i in done and u.task == "persona"]
     persona = pd.concat(persona_parts, ignore_index=True) if persona_parts else None
     audit = pd.concat(audit_parts, ignore_index=True) if audit_parts else None
     audit_summary = summarize_audit(audit, scores) if audit is not None and len(scores) else None
@@ -906,6 +1122,7 @@ def _score_run(ckpts, items, item_dicts, fams, specs, manifest, units, failed, *
         summary = summary.merge(gsum, on=["checkpoint", "family", "variant"], how="left")
     if persona is not None:
         summary = pd.concat([summary, summarize_persona(persona)], ignore_index=True)
+    nll_parts = _parts(done, units, "nll")
     if nll_parts:
         nll = pd.concat(nll_parts, ignore_index=True)
         summary = pd.concat([summary, nll], ignore_index=True)
@@ -918,46 +1135,69 @@ def _score_run(ckpts, items, item_dicts, fams, specs, manifest, units, failed, *
         cut = scores.groupby(["family", "item_id", "seed"])["truncated_tokens"].max().to_dict()
         item_dicts = [{**d, "truncated_tokens": int(cut.get((d["family"], d["item_id"], d["seed"]), 0))}
                       for d in item_dicts]
-    items_df = pd.DataFrame(item_dicts)
+    return _Tables(item_dicts=item_dicts, scores=scores, summary=summary, n_truncated=n_truncated,
+                   generations=generations, audit=audit, audit_summary=audit_summary, persona=persona)
+
+
+def _span_summary(scores: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """summary.csv's span rows with ``truncated_items``, and the number of truncated score rows."""
+    summary = summarize_scores(scores) if len(scores) else pd.DataFrame()
+    n_truncated = int((scores["truncated_tokens"] > 0).sum()) if len(scores) else 0
+    if len(summary):
+        trunc = (scores.assign(_t=scores["truncated_tokens"] > 0)
+                 .groupby(["checkpoint", "family", "variant"], sort=False)["_t"].sum()
+                 .rename("truncated_items").reset_index())
+        summary = summary.merge(trunc, on=["checkpoint", "family", "variant"], how="left")
+    if n_truncated:
+        log.warning("%d of %d scored prompts (checkpoint x item x seed) were cut from the left to fit the context "
+                    "(--on-overflow truncate); see truncated_tokens in scores.parquet and items.jsonl, "
+                    "truncated_items in summary.csv.", n_truncated, len(scores))
+    return summary, n_truncated
+
+
+def _complete_manifest(manifest: dict, ladder: _Ladder, fams: list[str], units, gathered: _Gathered,
+                       n_truncated: int) -> None:
+    """Record in the manifest what was complete, failed, scored now and read from the cache."""
+    ckpts, failed, scored = ladder.ckpts, ladder.failed, set(gathered.scored)
     manifest["complete"] = [{"checkpoint": c.name, "family": f} for c in ckpts if c.name not in failed for f in fams]
     manifest["failed"] = [{"checkpoint": n, "error": e} for n, e in failed.items()]
     manifest["status"] = "complete" if not failed else "incomplete"
-    manifest["scored_now"] = [c.name for c in ckpts if c.name in set(scored_list)]
-    manifest["n_checkpoints_found"] = n_found
-    manifest["units"] = {"total": len(units), "from_cache": n_cached, "scored_now": len(done) - n_cached}
+    manifest["scored_now"] = [c.name for c in ckpts if c.name in scored]
+    manifest["n_checkpoints_found"] = ladder.n_found
+    manifest["units"] = {"total": len(units), "from_cache": gathered.n_cached,
+                         "scored_now": len(gathered.done) - gathered.n_cached}
     manifest["truncated_rows"] = n_truncated
-    manifest["units_by_rank"] = units_by_rank
+    manifest["units_by_rank"] = gathered.units_by_rank
     manifest["peak_rss_mib"] = _peak_rss_mib()
-    superseded: list[str] = []
-    if run_dir is not None and dist.is_main:
-        # Stage every table, then swap them in together: until this point the previous
-        # run's complete tables stay in place (a failed or interrupted re-run keeps them).
-        staging = run_dir / ".staging"
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir()
-        atomic_write_jsonl(staging / "items.jsonl", item_dicts)
-        atomic_write_parquet(staging / "scores.parquet", scores)
-        atomic_write_csv(staging / "summary.csv", summary)
-        for name, df in (("generations.parquet", generations), ("audit.parquet", audit), ("persona.parquet", persona)):
-            if df is not None:
-                atomic_write_parquet(staging / name, df)
-        if audit_summary is not None:
-            atomic_write_csv(staging / "audit_summary.csv", audit_summary)
-        outputs = {name: sha256_file(staging / name) for name in _TABLES if (staging / name).is_file()}
-        superseded = _supersede_downstream(run_dir, _previous_outputs(old_manifest), outputs)
-        for name in _TABLES:
-            if name in outputs:
-                os.replace(staging / name, run_dir / name)
-            else:
-                (run_dir / name).unlink(missing_ok=True)
-        staging.rmdir()
-        manifest.pop("previous_outputs", None)
-        manifest["outputs"] = outputs
-        if superseded:
-            manifest["superseded"] = superseded
-        atomic_write_json(run_dir / "manifest.json", manifest)
-    dist.barrier()
-    return ScoreResult(items=items_df, scores=scores, summary=summary, manifest=manifest, run_dir=run_dir,
-                       scored=manifest["scored_now"], failed=dict(failed), generations=generations, audit=audit,
-                       audit_summary=audit_summary, n_checkpoints=n_found, units_total=len(units),
-                       units_cached=n_cached, superseded=superseded, n_truncated=n_truncated, persona=persona)
+
+
+def _write_tables(run_dir: Path, tables: _Tables, manifest: dict, old_manifest: dict | None) -> list[str]:
+    """Stage every table, then swap them in together: until this point the previous run's
+    complete tables stay in place (a failed or interrupted re-run keeps them). Returns the
+    downstream files moved aside because the tables changed."""
+    staging = run_dir / ".staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    atomic_write_jsonl(staging / "items.jsonl", tables.item_dicts)
+    atomic_write_parquet(staging / "scores.parquet", tables.scores)
+    atomic_write_csv(staging / "summary.csv", tables.summary)
+    for name, df in (("generations.parquet", tables.generations), ("audit.parquet", tables.audit),
+                     ("persona.parquet", tables.persona)):
+        if df is not None:
+            atomic_write_parquet(staging / name, df)
+    if tables.audit_summary is not None:
+        atomic_write_csv(staging / "audit_summary.csv", tables.audit_summary)
+    outputs = {name: sha256_file(staging / name) for name in _TABLES if (staging / name).is_file()}
+    superseded = _supersede_downstream(run_dir, _previous_outputs(old_manifest), outputs)
+    for name in _TABLES:
+        if name in outputs:
+            os.replace(staging / name, run_dir / name)
+        else:
+            (run_dir / name).unlink(missing_ok=True)
+    staging.rmdir()
+    manifest.pop("previous_outputs", None)
+    manifest["outputs"] = outputs
+    if superseded:
+        manifest["superseded"] = superseded
+    atomic_write_json(run_dir / "manifest.json", manifest)
+    return superseded

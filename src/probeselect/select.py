@@ -80,7 +80,9 @@ from ._io import atomic_write_csv, atomic_write_json, sha256_file
 from .errors import PostHocError, SelectionError
 from .manifest import base_manifest
 from .metrics import oriented
-from .plan import LOCK_NAME, SelectionPlan, SelectionSpec, check_lock, load_selection_plan
+# min_p_best_of_m / smallest_beatable_k live with the plan (the lock checks the null's strength); re-exported.
+from .plan import (LOCK_NAME, SelectionPlan, SelectionSpec, check_lock, load_selection_plan, min_p_best_of_m,  # noqa: F401
+                   smallest_beatable_k)
 
 __all__ = ["PilotTables", "Ranking", "SelectionResult", "NullDistribution", "TopComparison", "load_pilot_tables",
            "rank_bases", "compare_top", "base_intervals", "posterior_draws", "proxy_validation", "best_of_m_null",
@@ -548,20 +550,6 @@ def best_of_m_null(transfer_values: np.ndarray, m: int | None = None, *, seed: i
             prob[stat].append(p)
     tied = [len(np.unique(x)) < n for x in cands]
     return NullDistribution(n=n, m=len(cands), method=method, support=support, prob=prob, tied=tied)
-
-
-def min_p_best_of_m(n_bases: int, candidates: int) -> float:
-    """The smallest best-of-M p-value any proxy can reach with ``n_bases`` piloted bases and
-    ``candidates`` candidates without ties: a perfect rank agreement, P = 1 - (1 - 1/n!)^M."""
-    return 1.0 - (1.0 - 1.0 / math.factorial(n_bases)) ** candidates
-
-
-def smallest_beatable_k(candidates: int, alpha: float = 0.05, k_max: int = 12) -> int | None:
-    """The smallest shortlist size whose best-of-M null a perfect proxy can beat at ``alpha``."""
-    for k in range(2, k_max + 1):
-        if min_p_best_of_m(k, candidates) < alpha:
-            return k
-    return None
 
 
 def proxy_validation(shortlist_table: pd.DataFrame, plan: SelectionPlan, point: pd.Series, spec: SelectionSpec,

@@ -8,9 +8,10 @@ family and sets its item count, demonstration count, variants and parameters.
 from . import _capability, _persona, _templates, _userdata  # noqa: F401
 from . import _real_flipped, _real_intuitive, _real_persona, _real_repetitive, _real_successive, _real_truthy  # noqa: F401
 from ._arithmetic import TEMPLATES as ARITH_TEMPLATES
-from ._items import ProbeItem, item_rng
+from ..items import ProbeItem, item_rng
 from ._registry import Family, get_family, list_families, register_family
-from ._spec import FamilySpec, load_spec, spec_from_dict
+from ._parse import load_spec, spec_from_dict
+from ._spec import FamilySpec
 
 __all__ = [
     "ARITH_TEMPLATES",

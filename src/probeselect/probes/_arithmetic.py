@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from ..errors import ProbeSpecError
-from ._items import ProbeItem, item_rng
+from ..items import ProbeItem, item_rng
 from ._registry import register_family
 from ._spec import FamilySpec
 

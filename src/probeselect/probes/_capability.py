@@ -85,7 +85,7 @@ from ..toy.world import (
     ToyWorld,
 )
 from ._arithmetic import TEMPLATES as ARITH_TEMPLATES
-from ._items import build_item, ProbeItem, item_rng
+from ..items import build_item, ProbeItem, item_rng
 from ._registry import register_family
 from ._templates import CATEGORIES, OPPOSITE_OF, OPPOSITE_WORDS, _check_subset
 from ._templates import VARIANTS as TEMPLATE_VARIANTS

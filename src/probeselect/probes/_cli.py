@@ -15,9 +15,10 @@ import dataclasses
 from pathlib import Path
 
 from ..errors import ProbeSpecError, did_you_mean
-from ._items import ProbeItem
+from ..items import ProbeItem
 from ._registry import get_family, is_builtin_family, list_families
-from ._spec import FamilySpec, load_spec, spec_from_dict
+from ._parse import load_spec, spec_from_dict
+from ._spec import FamilySpec
 
 SPEC_SUFFIXES = (".yaml", ".yml")
 

@@ -45,7 +45,7 @@ from typing import Any, Iterator
 from .._io import canonical_json_hash
 from ..errors import ProbeSpecError, did_you_mean
 from ._demos import JOINERS, STRATEGIES, build_icl_prompt, demo_block, icl_prompts
-from ._items import ProbeItem
+from ..items import ProbeItem
 from ._registry import Family, register_user_family
 from ._spec import FamilySpec
 

@@ -54,7 +54,7 @@ from ..toy.world import (
     PETS,
     Person,
 )
-from ._items import ProbeItem, item_rng
+from ..items import ProbeItem, item_rng
 from ._registry import register_family
 from ._spec import FamilySpec
 

@@ -16,7 +16,7 @@ from importlib import resources
 from typing import Any, Sequence
 
 from ..errors import ProbeSpecError
-from ._items import ProbeItem
+from ..items import ProbeItem
 
 BOUNDARIES = ("lmeval", "gdsuite")
 

@@ -21,7 +21,7 @@ import random
 from typing import Iterator
 
 from ._demos import icl_prompts
-from ._items import ProbeItem, item_rng
+from ..items import ProbeItem, item_rng
 from ._real import check_boundary, check_int, make_item, selected
 from ._registry import register_family
 from ._spec import FamilySpec

@@ -36,7 +36,7 @@ from typing import Iterator
 
 from ..errors import ProbeSpecError
 from ._demos import STRATEGIES, build_icl_prompt, demo_block
-from ._items import ProbeItem, item_rng
+from ..items import ProbeItem, item_rng
 from ._real import check_boundary, check_int, load_data, make_item, selected
 from ._registry import register_family
 from ._spec import FamilySpec

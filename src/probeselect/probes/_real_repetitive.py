@@ -30,7 +30,7 @@ from functools import lru_cache
 from typing import Callable, Iterator
 
 from ._demos import STRATEGIES, build_icl_prompt, demo_block
-from ._items import ProbeItem, item_rng
+from ..items import ProbeItem, item_rng
 from ._real import check_boundary, check_int, check_tasks, load_data, make_item, selected
 from ._registry import register_family
 from ._spec import FamilySpec

@@ -29,7 +29,7 @@ from typing import Iterator
 
 from ..errors import ProbeSpecError
 from ._demos import icl_prompts
-from ._items import ProbeItem, item_rng
+from ..items import ProbeItem, item_rng
 from ._real import check_boundary, check_int, check_tasks, load_data, make_item, selected, variant_names
 from ._registry import register_family
 from ._spec import FamilySpec

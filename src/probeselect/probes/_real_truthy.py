@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from ._demos import icl_prompts
-from ._items import ProbeItem
+from ..items import ProbeItem
 from ._real import check_boundary, check_int, check_tasks, load_data, make_item, selected, variant_names
 from ._registry import register_family
 from ._spec import FamilySpec

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from ..errors import ProbeSpecError, did_you_mean
-from ._items import ProbeItem
+from ..items import ProbeItem
 
 Generator = Callable[..., Iterator[ProbeItem]]
 

@@ -77,7 +77,7 @@ from ..toy.world import (
     category_sentence,
     with_article,
 )
-from ._items import build_item, ProbeItem, item_rng
+from ..items import build_item, ProbeItem, item_rng
 from ._registry import register_family
 from ._spec import FamilySpec
 

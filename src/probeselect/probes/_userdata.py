@@ -56,7 +56,7 @@ from typing import Any, Iterator
 
 from .._io import canonical_json_hash, check_data_symlink
 from ..errors import ProbeSpecError, did_you_mean
-from ._items import ProbeItem, item_rng
+from ..items import ProbeItem, item_rng
 from ._registry import Family, is_builtin_family, register_user_family
 from ._spec import FamilySpec
 
@@ -118,6 +118,10 @@ class UserData:
             d["n_queries"] = len(self.query_pool)
             d["n_demo_pool"] = len(self.demo_pool)
         return d
+
+    def register(self, spec: FamilySpec) -> None:
+        """Register ``spec``'s family (called by ``FamilySpec`` when it is built)."""
+        register_user_spec(spec)
 
 
 # ---------------------------------------------------------------------------

@@ -7,21 +7,7 @@ import os
 import sys
 import time
 
-from ..cli import DEVICE_HELP
-
-
-def check_device(device: str) -> None:
-    """Refuse a device this machine lacks before any training; ``cuda:N`` selects GPU N for
-    a single-process run (under ``accelerate launch`` each rank uses its own GPU)."""
-    if device == "auto":
-        return
-    from ..score import resolve_device
-
-    dev = resolve_device(device)
-    if dev.type == "cuda" and dev.index is not None and int(os.environ.get("WORLD_SIZE", "1")) == 1:
-        import torch
-
-        torch.cuda.set_device(dev.index)
+from .._cli_common import DEVICE_HELP, check_device
 
 
 def _cmd_pilot(args: argparse.Namespace) -> int:

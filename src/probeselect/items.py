@@ -1,4 +1,7 @@
-"""The item schema shared by every probe family."""
+"""The item schema shared by every probe family and by the engines that score items.
+
+It sits below both ``probes/`` and ``generation``; ``probeselect.probes`` re-exports it.
+"""
 
 from __future__ import annotations
 
