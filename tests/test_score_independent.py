@@ -50,11 +50,14 @@ def test_task_and_shortcut_columns_match_an_independent_forward_pass(scored_last
         short_lp, short_n = _span_logprob(model, tok, it["prompt"], it["shortcut_answer"])
         others = [_span_logprob(model, tok, it["prompt"], c)[0] for c in it["candidates"]
                   if c not in (it["task_answer"], it["shortcut_answer"])]
-        assert r.task_logprob == pytest.approx(task_lp, abs=1e-4), r.item_id
-        assert r.shortcut_logprob == pytest.approx(short_lp, abs=1e-4), r.item_id
+        assert r.task_logprob == pytest.approx(task_lp, abs=1e-4), ("task_logprob", r.item_id, r.task_logprob, task_lp)
+        assert r.shortcut_logprob == pytest.approx(short_lp, abs=1e-4), ("shortcut_logprob", r.item_id,
+                                                                          r.shortcut_logprob, short_lp)
         assert (r.task_tokens, r.shortcut_tokens) == (task_n, short_n), r.item_id
-        assert r.margin == pytest.approx(task_lp - short_lp, abs=2e-4), r.item_id
-        assert r.margin_per_token == pytest.approx(task_lp / task_n - short_lp / short_n, abs=2e-4), r.item_id
+        assert r.margin == pytest.approx(task_lp - short_lp, abs=2e-4), ("margin", r.item_id, r.margin)
+        expected = task_lp / task_n - short_lp / short_n
+        assert r.margin_per_token == pytest.approx(expected, abs=2e-4), ("margin_per_token", r.item_id,
+                                                                         r.margin_per_token, expected)
         n_diff_tokens += task_n != short_n
         n_three_distinct += bool(others) and min(abs(o - short_lp) for o in others) > 1e-2
     # the checks above can only catch a wrong candidate or swapped denominators if the inputs let them
