@@ -60,6 +60,21 @@ def test_validity_smoke_one_seed(smoke):
     # independent truth: SFT seeds disjoint from the pilot's and confirmation's, recorded
     assert totals["truth_seeds"] == [100, 101] and totals["pilot_seeds"] == [0, 1] == totals["confirm_seeds"]
     assert totals["dev_seeds"] == [0, 1, 2, 3, 4] and totals["fresh"] is False
+    # the pipeline's own pilot decision, read back from its selection.json
+    (sel_path,) = [p for p in (out / "seed0").rglob("selection.json") if "truth" not in p.parts and "ties" not in p.parts
+                   and "probe_free" not in p.parts]
+    sel_json = json.loads(sel_path.read_text())
+    assert row["decision"] == sel_json["decision"]["verdict"]
+    # the pick's data window, from the ladder's lineage (window w holds start_step < step <= end_step)
+    step = int(row["pick"].rsplit("-", 1)[1])
+    wins = json.loads((ladder / "data_lineage.json").read_text())["windows"]
+    assert row["pick_window"] == next(w["name"] for w in wins if w["start_step"] < step <= w["end_step"])
+    # regret: truth value of truth_best minus that of pick / latest, in the primary's better direction
+    tv_by = pd.read_csv(out / "truth_values.csv").set_index("checkpoint")["truth_value"]
+    sign = 1.0 if sel_json["selection_plan"]["primary"]["direction"] == "higher" else -1.0
+    assert row["regret"] == pytest.approx(sign * (tv_by[row["truth_best"]] - tv_by[row["pick"]]), abs=1e-9)
+    assert row["latest"] == max(names, key=lambda n: int(n.rsplit("-", 1)[1]))
+    assert row["latest_regret"] == pytest.approx(sign * (tv_by[row["truth_best"]] - tv_by[row["latest"]]), abs=1e-9)
     truth = pd.read_csv(out / "seed0" / "truth" / "transfer.csv")
     assert sorted(truth["base"].unique()) == names and sorted(truth["seed"].unique()) == [100, 101]
     # ... on its own transfer items: none shared with the pilot's suite, same kinds and sizes
@@ -90,7 +105,16 @@ def test_validity_smoke_one_seed(smoke):
     assert sorted(tv["checkpoint"]) == names and tv["pick"].sum() == 1
     assert tv.loc[tv["pick"], "checkpoint"].item() == row["pick"]
     assert tv["truth_value"].max() == pytest.approx(tv.loc[tv["checkpoint"] == row["truth_best_all"], "truth_value"].item())
-    assert isinstance(row["dip_pass"], (bool, np.bool_)) and 0 <= row["final_heldout_arith"] <= 1
+    # the planted-dip verdict on the pipeline's own scores (a 24-step ladder need not dip) and the
+    # ladder's own final held-out arithmetic
+    from probeselect.toy.dip import check_planted_dip
+
+    v = check_planted_dip(pd.read_parquet(sel_path.parent / "scores.parquet"), pd.read_csv(sel_path.parent / "summary.csv"),
+                          ladder / "data_lineage.json")
+    assert bool(row["dip_pass"]) == v["pass"]
+    assert row["dip_families"] == " ".join(sorted({f for w in v["windows"] for f in w["dipped_and_recovered"]})) or (
+        pd.isna(row["dip_families"]) and not any(w["dipped_and_recovered"] for w in v["windows"]))
+    assert row["final_heldout_arith"] == json.loads((ladder / "ladder.json").read_text())["final_heldout_arith_accuracy"]
     # ties: perturbed twins (different weights, verified by their own truth runs) and the last two checkpoints
     assert set(ties["tie"]) == {"twin", "same_mode"}
     twin = ties[ties["tie"] == "twin"].iloc[0]

@@ -164,9 +164,18 @@ def test_candidates_tokenize_cleanly(ladder_checkpoints):
     tok = load_tokenizer(ladder_checkpoints[-1])
     for family in FAMILIES:
         spec = load_spec(REPO / "probes" / "capability" / f"{family}.yaml")
-        for it in generate_items(dataclasses.replace(spec, n_items=16), [0]):
+        items = generate_items(dataclasses.replace(spec, n_items=16), [0])
+        assert items, family
+        for it in items:
+            ctx = tuple(tok.encode(it.prompt))
+            conts = []
             for c in it.candidates:
-                encode_pair(tok, it.prompt, c, what=it.item_id)
+                pair = encode_pair(tok, it.prompt, c, what=it.item_id)  # raises on a merged boundary
+                # the prompt's own tokens, then the candidate's, which decode back to the candidate
+                assert pair.context_ids == ctx, (it.item_id, c)
+                assert pair.continuation_ids and tok.decode(pair.continuation_ids) == c, (it.item_id, c)
+                conts.append(pair.continuation_ids)
+            assert len(set(conts)) == len(conts), it.item_id  # distinct candidates, distinct token spans
 
 
 @pytest.mark.parametrize(

@@ -219,11 +219,19 @@ def test_prompts_equal_gdsuite(tree):
 
 
 def test_random_strategy_resamples_per_item(tree):
-    _, specs, _ = tree
+    """GDsuite's "random" strategy draws a fresh demo set for every test item from one rng per
+    seed: each item's demonstrations are exactly the reference's, and they differ between items."""
+    root, specs, _ = tree
     spec = load_spec(specs[1])  # repetitive_answer
-    its = [it for it in generate_items(spec, [0]) if it.variant == "letter_counting"]
-    demo_sets = {tuple(it.prompt.split("\n")[:-1]) for it in its}
-    assert len(demo_sets) > 1
+    its = sorted((it for it in generate_items(spec, [0]) if it.variant == "letter_counting"),
+                 key=lambda it: int(it.item_id.rsplit("/", 1)[1]))
+    rows = [json.loads(x) for x in (root / "repetitive_answer" / "letter_counting.jsonl").read_text().splitlines()]
+    ref = [prompt for seed, _, prompt, _ in ref_prompts(rows, "random", "\n", spec.params["k"]["letter_counting"], 1)
+           if seed == 0]
+    demos = [tuple(it.prompt.split("\n")[:-1]) for it in its]
+    assert demos == [tuple(p.split("\n")[:-1]) for p in ref]
+    assert len(demos) == 4 and all(len(d) == 3 for d in demos)  # 4 test rows, k = 3 demonstrations each
+    assert len(set(demos)) > 1  # resampled per item (one shared set would be the "fixed" strategy)
 
 
 def test_seed_picks_demo_set(tree):

@@ -115,3 +115,11 @@ def test_strategies_match_gdsuite_semantics():
     a = [p for p, _ in icl_prompts(demos, ["t1", "t2", "t3"], strategy="random", k=2, seed=0, joiner="\n")]
     b = [p for p, _ in icl_prompts(demos, ["t1", "t2", "t3"], strategy="random", k=2, seed=0, joiner="\n")]
     assert a == b and len({x.rsplit("\n", 1)[0] for x in a}) > 1
+    # exactly GDsuite's draws: one random.Random(seed) stream, rng.sample(pool, k) per test item, in item order
+    ref = random.Random(0)
+    expected = [ref.sample(demos, 2) for _ in range(3)]
+    got = list(icl_prompts(demos, ["t1", "t2", "t3"], strategy="random", k=2, seed=0, joiner="\n"))
+    assert [used for _, used in got] == expected
+    for (prompt, _), used, t in zip(got, expected, ["t1", "t2", "t3"]):
+        lines = prompt.split("\n")
+        assert lines[-1] == t and [ln.split()[0] for ln in lines[:-1]] == [d["prompt"] for d in used]

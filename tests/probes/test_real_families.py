@@ -34,15 +34,17 @@ def real_items():
 def test_specs_validate_and_sizes(real_items):
     assert [p for p, err in validate_probe_files([REPO / "probes" / "real"]) if err] == []
     assert {load_spec(p).family for p in REAL} == set(FAMILIES)
+    from collections import Counter
+
     for name, items in real_items.items():
-        seed0 = [it for it in items if it.seed == 0]
-        variants = {it.variant for it in seed0}
-        assert len(variants) >= 2, name
-        tasks = {v.split(".")[0] for v in variants}
-        for t in tasks:
-            per_variant = min(sum(it.variant == v for it in seed0) for v in variants if v.startswith(t + "."))
-            floor = 40 if name in ("truthy", "persona") else 100
-            assert per_variant >= floor, (name, t, per_variant)
+        spec = load_spec(REPO / "probes" / "real" / f"{name}.yaml")
+        assert len(spec.variants) >= 2, name
+        # exactly the spec's n_items for every declared variant, under every seed (the data pools are large enough)
+        for seed in (0, 1):
+            counts = Counter(it.variant for it in items if it.seed == seed)
+            assert counts == {v: spec.n_items for v in spec.variants}, (name, seed, counts)
+        floor = 40 if name in ("truthy", "persona") else 100  # the shipped suite's size (README)
+        assert spec.n_items >= floor, (name, spec.n_items)
 
 
 def test_item_hygiene(real_items):

@@ -187,6 +187,27 @@ def test_small_planted_ladder_dips_in_the_parrot_window_only_on_the_conflict_pro
     assert d.loc["tmpl_mismatch", "ref_step"] == 200 and 200 < d.loc["tmpl_mismatch", "min_step"] <= 350
 
 
+def test_small_planted_ladder_under_the_real_criteria(small_planted_run):
+    """The same ladder under the real criteria (check_planted_dip's defaults: >= 2 families, each
+    regaining >= 50% of its dip): it does NOT pass, and for the stated reason only - the dip is
+    there but 100 recovery steps are too few to regain half of it; nothing capability-like dips.
+    An 800-step ladder (base 300, parrot 200, recovery 300) did pass the real criteria once
+    (arith_pattern and tmpl_mismatch dip and recover; bench/README.md, issue 29), but at about
+    2.5x this fixture's cost and with arith_plain 0.0002 nats short of counting as a capability
+    dip (its margin stays near 0 at that size), too fragile for a test; the real-criteria pass is
+    checked by the slow full-ladder tests (`make test-slow`, run by .ci/run)."""
+    from probeselect.toy.dip import check_planted_dip
+
+    tmp, res = small_planted_run
+    v = check_planted_dip(res.scores, res.summary, tmp / "ladder" / "data_lineage.json",
+                          conflict_families=["tmpl_mismatch"])
+    (w,) = v["windows"]
+    assert not v["pass"]
+    assert w["dipped_and_recovered"] == [] and w["dipped_not_recovered"] == ["tmpl_mismatch"], v["dips"]
+    assert 0 <= w["recovery"]["tmpl_mismatch"] < 0.5
+    assert w["capability_dipped"] == [] and not w["bpb_dipped"]
+
+
 def test_small_planted_ladder_attribution_names_the_parrot_window(small_planted_run):
     from probeselect.attribution import write_attribution
     from probeselect.dynamics import compute_dynamics

@@ -124,15 +124,28 @@ def test_rebuild_is_byte_identical(tmp_path):
     assert [w["planted"] for w in lineage["windows"]] == [None, "parrot", None]
 
 
+@pytest.fixture(scope="module")
+def full_ladder(request, tmp_path_factory):
+    """The full default (planted) ladder of toy seed ``request.param``, built once per seed and
+    shared by the slow tests below (pytest groups the tests by seed, so each seed is built once:
+    about 3.5 minutes per build on 2 CPU cores). Returns (seed, ladder dir, LadderInfo)."""
+    seed = int(request.param)
+    out = tmp_path_factory.mktemp(f"full_ladder_{seed}") / "ladder"
+    return seed, out, build_toy_ladder(out, seed=seed, progress=False)
+
+
+SLOW_SEEDS = [0, 1, 2]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [0, 1])
-def test_full_default_ladder_learns_heldout_arithmetic(tmp_path, seed):
+@pytest.mark.parametrize("full_ladder", SLOW_SEEDS, indirect=True)
+def test_full_default_ladder_learns_heldout_arithmetic(full_ladder):
     """Full default build: >= 8 checkpoints and >= 90% greedy accuracy on held-out arithmetic."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from probeselect.toy.ladder import arith_accuracy
 
-    info = build_toy_ladder(tmp_path / "ladder", seed=seed, progress=False)
+    seed, _, info = full_ladder
     assert len(info.checkpoints) >= 8
     assert info.final_heldout_arith_accuracy >= 0.90, info
     # recompute from the saved final checkpoint
@@ -183,8 +196,8 @@ def test_lineage_records_what_each_window_trained_on(ladder_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_full_default_ladder_shows_the_planted_dip(tmp_path, seed):
+@pytest.mark.parametrize("full_ladder", SLOW_SEEDS, indirect=True)
+def test_full_default_ladder_shows_the_planted_dip(full_ladder, tmp_path):
     """Full default (planted) ladder, scored with the demo's probe set (24 items per
     variant, evaluation seeds 0 and 1): >= 2 conflict families dip in or right after the
     parrot window by > 3x their seed sd and recover; arith_plain, relation_plain and
@@ -197,7 +210,7 @@ def test_full_default_ladder_shows_the_planted_dip(tmp_path, seed):
     from probeselect.toy.dip import check_planted_dip
 
     root = Path(__file__).resolve().parents[2]
-    info = build_toy_ladder(tmp_path / "ladder", seed=seed, progress=False)
+    seed, ladder, info = full_ladder
     assert info.final_heldout_arith_accuracy >= 0.90
     specs = []
     for p in load_yaml(root / "recipes" / "demo.yaml")["score"]["probes"]:
@@ -206,8 +219,8 @@ def test_full_default_ladder_shows_the_planted_dip(tmp_path, seed):
         if "world_seed" in params:
             params["world_seed"] = seed
         specs.append(dataclasses.replace(s, n_items=min(24, s.n_items), params=params))
-    res = score_checkpoints(tmp_path / "ladder", specs, seeds=[0, 1], out=tmp_path / "score", device="cpu",
-                            heldout=tmp_path / "ladder" / "data" / "heldout.txt", audit_items=0, progress=False)
-    verdict = check_planted_dip(res.scores, res.summary, tmp_path / "ladder" / "data_lineage.json")
+    res = score_checkpoints(ladder, specs, seeds=[0, 1], out=tmp_path / "score", device="cpu",
+                            heldout=ladder / "data" / "heldout.txt", audit_items=0, progress=False)
+    verdict = check_planted_dip(res.scores, res.summary, ladder / "data_lineage.json")
     print(verdict["windows"])
     assert verdict["pass"], verdict["windows"]
