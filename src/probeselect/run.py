@@ -218,11 +218,19 @@ def _load_specs(sc: dict, world_seed: int | None = None) -> list:
     from .probes import load_spec
     from .probes._registry import bind_world_seed
 
-    specs = bind_world_seed([load_spec(p) for p in sc["probes"]], world_seed)
+    from .probes._shipped import resolve_probe_args
+
+    specs = bind_world_seed([load_spec(p) for p in resolve_probe_args(sc["probes"], where="score.probes:")], world_seed)
     n = sc.get("n_items")
     if n is not None:
         specs = [dataclasses.replace(s, n_items=min(int(n), s.n_items)) for s in specs]
     return specs
+
+
+def _spec_paths(sc: dict) -> list[Path]:
+    from .probes._shipped import resolve_probe_args
+
+    return [Path(p) for p in resolve_probe_args(sc["probes"], where="score.probes:")]
 
 
 def run_pipeline(config: str | Path, *, overrides: Sequence[str] = (), force: Sequence[str] | None = None,
@@ -371,7 +379,7 @@ def run_pipeline(config: str | Path, *, overrides: Sequence[str] = (), force: Se
     stages = [
         _Stage("ladder", lambda: {"toy": toy}, lambda: [ladder / "ladder.json"], do_ladder, enabled=toy is not None),
         _Stage("score", lambda: {"ladder": _ladder_identity(ladder_source()), "probes": [s.to_dict() for s in _load_specs(sc, world_seed())],
-                                 "specs": _hash_files([Path(p) for p in sc["probes"]]),
+                                 "specs": _hash_files(_spec_paths(sc)),
                                  "heldout": _hash_files([Path(sc["heldout"])]) if sc.get("heldout") else None,
                                  "config": {k: v for k, v in sc.items() if k != "probes"}},
                lambda: files("summary.csv", "scores.parquet", "manifest.json"), do_score),

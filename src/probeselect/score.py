@@ -478,7 +478,9 @@ def score_checkpoints(
     if tokenizer is not None and not Path(tokenizer).is_dir():
         raise UsageError(f"--tokenizer {tokenizer}: not a folder; pass a folder saved with "
                          "tokenizer.save_pretrained(...).")
-    specs = [p if isinstance(p, FamilySpec) else load_spec(p) for p in probes]  # cheap checks first
+    from .probes._shipped import resolve_probe_args  # files, folders, shipped names (real, real_successive ...)
+
+    specs = [p if isinstance(p, FamilySpec) else load_spec(p) for p in resolve_probe_args(probes)]  # cheap checks first
     fams = [s.family for s in specs]
     dup = sorted({f for f in fams if fams.count(f) > 1})
     if dup:
