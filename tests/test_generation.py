@@ -358,7 +358,8 @@ def test_generative_audit_columns(random_model, tok):
     items = generate_items(spec_from_dict({"family": "persona_qa", "n_items": 2, "variants": ["block"]}), [0])
     df = generative_audit(random_model, tok, items, max_new_tokens=3, batch_size=2)
     assert list(df.columns) == ["item_id", "family", "variant", "seed", "generated", "class", "terminated",
-                                "n_new_tokens"]
+                                "n_new_tokens", "truncated_tokens"]
+    assert (df["truncated_tokens"] == 0).all()  # these prompts fit: nothing cut
     assert len(df) == 2 and set(df["class"]) <= {"task", "shortcut", "other_candidate", "other", "unterminated"}
 
 

@@ -93,6 +93,11 @@ def _cmd_score(args: argparse.Namespace) -> int:
         print(f"note: the scores changed; moved the previous run's {Path(path).name} to {Path(path).parent}/",
               file=sys.stderr)
     print(score_summary_line(res, time.perf_counter() - t0), file=sys.stderr)
+    from ._report_blocks import context_note
+
+    note = context_note(res.manifest)
+    if note:
+        print(note, file=sys.stderr)
     cols = [c for c in ("checkpoint", "step", "family", "variant", "kind", "mean_margin", "seed_sd", "accuracy",
                         "candidate_accuracy", "bits_per_byte", "gen_consistency") if c in res.summary.columns]
     with __import__("pandas").option_context("display.width", 160, "display.max_rows", 200):

@@ -17,6 +17,7 @@ nats. One checkpoint is resident at a time. When ``out`` is given it writes a ru
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import logging
@@ -740,6 +741,23 @@ def _overflow_error(family: str, n_over: int, n: int, example: str, need: int, l
     )
 
 
+@contextlib.contextmanager
+def _generation_overflow(what: str, items):
+    """Turn a generation prompt that does not fit the context (``on_overflow="error"``) into
+    a ScoringError that names the items and the fixes."""
+    from .generation import ContextOverflowError
+
+    try:
+        yield
+    except ContextOverflowError as exc:
+        it = items[exc.prompts[0]]
+        raise ScoringError(
+            f"{what}: {len(exc.prompts)} of {len(items)} prompts do not fit the {exc.limit}-token context with the "
+            f"tokens to generate (first: item {it.item_id}, seed {it.seed}: {exc}). Pass --on-overflow truncate (in a "
+            "run config: score.on_overflow: truncate) to cut them from the left as lm-eval does (counted in the "
+            "manifest and report), or --audit-items 0 to skip the audit.") from None
+
+
 def _score_run(ckpts, items, item_dicts, fams, specs, manifest, units, failed, *, run_dir, dist, dev, torch_dtype,
                scoring_config, chunk_items, heldout, heldout_texts, heldout_hash, heldout_stride, gen, audit_idx,
                audit_max_new_tokens, tokenizer, max_batch_tokens, max_length, on_overflow, keep_going, progress,
@@ -772,7 +790,8 @@ def _score_run(ckpts, items, item_dicts, fams, specs, manifest, units, failed, *
             part = pd.read_parquet(cache) if cache is not None and cache.is_file() else None
             if part is not None and u.task == "spans" and "truncated_tokens" not in part.columns:
                 part = None  # cached before truncation was recorded: score it again
-            if part is not None and u.task == "spans" and on_overflow == "error" and (part["truncated_tokens"] > 0).any():
+            if (part is not None and u.task in ("spans", "gen", "audit") and on_overflow == "error"
+                    and "truncated_tokens" in part.columns and (part["truncated_tokens"] > 0).any()):
                 raise ScoringError(
                     f"{cache}: cached scores of family {u.family} were computed with truncated prompts "
                     "(--on-overflow truncate); pass --on-overflow truncate again or use a fresh --out.")
@@ -812,23 +831,27 @@ def _score_run(ckpts, items, item_dicts, fams, specs, manifest, units, failed, *
                     bar = tqdm(total=e - s, desc=f"  {ckpt.name} {u.family} sampling", unit="prompt", leave=False,
                                disable=not progress)
                     try:
-                        part = _with_checkpoint(persona_generation_table(
-                            model, tokenizers[tok_key], items[s:e], n=g["n"], temperature=g["temperature"],
-                            max_new_tokens=g["max_new_tokens"], seed=0, min_shared_prefix=gen_share,
-                            progress=bar), ckpt)
+                        with _generation_overflow(f"{u.family} sampling", items[s:e]):
+                            part = _with_checkpoint(persona_generation_table(
+                                model, tokenizers[tok_key], items[s:e], n=g["n"], temperature=g["temperature"],
+                                max_new_tokens=g["max_new_tokens"], seed=0, min_shared_prefix=gen_share,
+                                progress=bar, max_length=max_length, on_overflow=on_overflow), ckpt)
                     finally:
                         bar.close()
                 elif u.task == "persona":
                     part = _with_checkpoint(gdsuite_persona_table(model, tokenizers[tok_key], persona_specs[u.family],
-                                                                  manifest["seeds"], min_shared_prefix=gen_share),
+                                                                  manifest["seeds"], min_shared_prefix=gen_share,
+                                                                  max_length=max_length, on_overflow=on_overflow),
                                             ckpt)
                 elif u.task == "audit":
                     bar = tqdm(total=len(audit_idx), desc=f"  {ckpt.name} generative audit", unit="item",
                                leave=False, disable=not progress)
                     try:
-                        part = _with_checkpoint(generative_audit(
-                            model, tokenizers[tok_key], [items[k] for k in audit_idx],
-                            max_new_tokens=audit_max_new_tokens, min_shared_prefix=gen_share, progress=bar), ckpt)
+                        with _generation_overflow("generative audit", [items[k] for k in audit_idx]):
+                            part = _with_checkpoint(generative_audit(
+                                model, tokenizers[tok_key], [items[k] for k in audit_idx],
+                                max_new_tokens=audit_max_new_tokens, min_shared_prefix=gen_share, progress=bar,
+                                max_length=max_length, on_overflow=on_overflow), ckpt)
                     finally:
                         bar.close()
                 else:
@@ -928,6 +951,20 @@ def _score_run(ckpts, items, item_dicts, fams, specs, manifest, units, failed, *
     manifest["n_checkpoints_found"] = n_found
     manifest["units"] = {"total": len(units), "from_cache": n_cached, "scored_now": len(done) - n_cached}
     manifest["truncated_rows"] = n_truncated
+    manifest["n_scored_rows"] = len(scores)
+    # generation prompts cut to fit the context (audit: one row per checkpoint x item; sampling:
+    # one row per checkpoint x item, all its samples share the cut prompt; persona: checkpoint x
+    # seed x persona x question)
+    manifest["truncated_generation_rows"] = {
+        name: int((df["truncated_tokens"] > 0).sum()) if df is not None and "truncated_tokens" in df.columns else 0
+        for name, df in (("audit", audit), ("sampling", generations), ("persona", persona))}
+    manifest["generation_rows"] = {name: 0 if df is None else len(df)
+                                   for name, df in (("audit", audit), ("sampling", generations), ("persona", persona))}
+    if any(manifest["truncated_generation_rows"].values()):
+        log.warning("generation prompts cut from the left to fit the context (--on-overflow truncate): %s; see "
+                    "truncated_tokens in audit.parquet / generations.parquet.",
+                    ", ".join(f"{k} {v} of {manifest['generation_rows'][k]}"
+                              for k, v in manifest["truncated_generation_rows"].items() if v))
     manifest["units_by_rank"] = units_by_rank
     manifest["peak_rss_mib"] = _peak_rss_mib()
     superseded: list[str] = []
