@@ -437,6 +437,21 @@ def _prefill_batch(model, encoded: Sequence[Sequence[int]], shared: Sequence[int
 ENGINES = ("shared", "expand")
 
 
+_FALLBACK_NOTED: set[tuple[str, str]] = set()
+
+
+def _note_fallback(model, why: str) -> None:
+    """Warn that sampling uses the ``expand`` engine: once per process for each model type and
+    kind of reason, not once per call (a run samples many times on every checkpoint)."""
+    key = (str(getattr(model.config, "model_type", type(model).__name__)), why.split(" (")[0])
+    if key in _FALLBACK_NOTED:
+        return
+    _FALLBACK_NOTED.add(key)
+    warnings.warn(f"sample_generations: the shared-KV engine does not support this model ({why}); "
+                  "falling back to engine='expand' (same samples, more memory); shown once per model type",
+                  RuntimeWarning, stacklevel=4)
+
+
 @torch.inference_mode()
 def sample_generations(
     model,
@@ -483,8 +498,9 @@ def sample_generations(
     ``engine``: ``"shared"`` (default) keeps ONE copy of each prompt's prefill keys/values
     and a preallocated buffer of every row's generated keys/values, and merges the two
     attention parts exactly (:mod:`probeselect._shared_kv`); it supports llama, mistral,
-    qwen2 and qwen3 models and falls back to ``"expand"`` with a ``RuntimeWarning`` for
-    other architectures. ``"expand"`` copies each prompt's cache into its ``n`` rows and
+    qwen2, qwen3, olmo and olmo2 models and falls back to ``"expand"`` for other
+    architectures (GPT-2, GPT-NeoX, ...), with one ``RuntimeWarning`` per process and model
+    type. ``"expand"`` copies each prompt's cache into its ``n`` rows and
     grows it every step (what HF ``generate`` does). Both draw the same random numbers:
     they give the same samples, up to floating-point near-ties (see the module docstring).
 
@@ -536,8 +552,7 @@ def sample_generations(
     if engine == "shared":
         why = unsupported_reason(model, max(map(len, encoded)) + max_new_tokens)
         if why is not None:
-            warnings.warn(f"sample_generations: the shared-KV engine does not support this model ({why}); "
-                          "falling back to engine='expand'", RuntimeWarning, stacklevel=3)
+            _note_fallback(model, why)
             engine = "expand"
     # greedy samples are all identical: decode one row per prompt and repeat it
     n_rows = 1 if temperature == 0 else n
