@@ -209,11 +209,11 @@ def context_note(manifest: dict) -> str | None:
     counts = truncation_counts(manifest)
     if cfg.get("on_overflow") != "truncate" and not any(k for _, k, _ in counts):
         return None
-    limit = cfg.get("max_length") or "the model's own"
+    limit = f"{cfg['max_length']} tokens" if cfg.get("max_length") else "the model's own"
     parts = [f"{k} of {n} {what}" for what, k, n in counts]
     if not any(k for _, k, _ in counts):
-        return f"Context limit ({limit} tokens, on_overflow truncate): no prompt had to be cut."
-    return (f"Context limit ({limit} tokens, on_overflow truncate): prompts cut from the left to fit, as lm-eval does: "
+        return f"Context limit ({limit}, on_overflow truncate): no prompt had to be cut."
+    return (f"Context limit ({limit}, on_overflow truncate): prompts cut from the left to fit, as lm-eval does: "
             + ", ".join(parts) + " (see truncated_tokens in scores.parquet, audit.parquet, generations.parquet; "
             "a cut prompt loses its first demonstrations, so its score is not comparable with an uncut one).")
 

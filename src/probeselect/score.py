@@ -742,7 +742,7 @@ def _overflow_error(family: str, n_over: int, n: int, example: str, need: int, l
 
 
 @contextlib.contextmanager
-def _generation_overflow(what: str, items):
+def _generation_overflow(what: str, items, skip: str = "--audit-items 0 to skip the audit"):
     """Turn a generation prompt that does not fit the context (``on_overflow="error"``) into
     a ScoringError that names the items and the fixes."""
     from .generation import ContextOverflowError
@@ -755,7 +755,7 @@ def _generation_overflow(what: str, items):
             f"{what}: {len(exc.prompts)} of {len(items)} prompts do not fit the {exc.limit}-token context with the "
             f"tokens to generate (first: item {it.item_id}, seed {it.seed}: {exc}). Pass --on-overflow truncate (in a "
             "run config: score.on_overflow: truncate) to cut them from the left as lm-eval does (counted in the "
-            "manifest and report), or --audit-items 0 to skip the audit.") from None
+            f"manifest and report), or {skip}.") from None
 
 
 def _score_run(ckpts, items, item_dicts, fams, specs, manifest, units, failed, *, run_dir, dist, dev, torch_dtype,
@@ -831,7 +831,8 @@ def _score_run(ckpts, items, item_dicts, fams, specs, manifest, units, failed, *
                     bar = tqdm(total=e - s, desc=f"  {ckpt.name} {u.family} sampling", unit="prompt", leave=False,
                                disable=not progress)
                     try:
-                        with _generation_overflow(f"{u.family} sampling", items[s:e]):
+                        with _generation_overflow(f"{u.family} sampling", items[s:e],
+                                                  "a smaller gen_max_new_tokens in the spec's params"):
                             part = _with_checkpoint(persona_generation_table(
                                 model, tokenizers[tok_key], items[s:e], n=g["n"], temperature=g["temperature"],
                                 max_new_tokens=g["max_new_tokens"], seed=0, min_shared_prefix=gen_share,
