@@ -13,7 +13,8 @@ import torch
 
 from probeselect.score import load_model, load_tokenizer
 from probeselect.errors import ScoringError
-from probeselect.generation import ContextOverflowError, greedy_generations, sample_generations
+from probeselect.generation import (ContextOverflowError, greedy_generations, persona_generation_table,
+                                    sample_generations)
 from probeselect.probes import generate_items, spec_from_dict
 
 REPO = Path(__file__).resolve().parents[1]
@@ -87,6 +88,11 @@ def test_truncated_generation_equals_hf_generate_on_the_cut_prompt(ladder_checkp
         ref = tok.decode(out[0, cut.shape[1]:], skip_special_tokens=False, clean_up_tokenization_spaces=False)
         ref = ref.split(tok.eos_token)[0].split("\n")[0]
         assert g.text == ref
+    # sampled generation (the consistency track) cuts the same way and records it per item
+    its = generate_items(spec_from_dict({"family": "arith_pattern", "n_items": 2, "n_demos": 4}), [0])
+    table = persona_generation_table(model, tok, its, n=3, max_new_tokens=new, max_length=limit,
+                                     on_overflow="truncate")
+    assert list(table["truncated_tokens"]) == [len(tok.encode(it.prompt)) - (limit - new) for it in its]
     with pytest.raises(ContextOverflowError, match=r"prompt 0 has \d+ tokens.*20-token context \(2 of 2"):
         greedy_generations(model, tok, prompts, max_new_tokens=new, max_length=limit)
     with pytest.raises(ContextOverflowError, match="leaves no room"):
@@ -123,3 +129,15 @@ def test_run_config_accepts_and_passes_context_settings(tmp_path, monkeypatch, t
     with pytest.raises(Stop):
         run_pipeline(p, progress=False)
     assert seen["on_overflow"] == "truncate" and seen["max_length"] == 64
+
+
+def test_score_cli_states_the_cut_counts(small_ctx, tmp_path, capsys):
+    from probeselect.cli import main
+
+    ckpt, spec, P, n_over = small_ctx
+    spec_file = tmp_path / "arith.yaml"
+    spec_file.write_text("family: arith_pattern\nn_items: 6\nn_demos: 4\n")
+    assert main(["score", str(ckpt), "--probes", str(spec_file), "--seeds", "0", "--on-overflow", "truncate",
+                 "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert f"{n_over} of " in err and " audit" in err and "Context limit" in err
