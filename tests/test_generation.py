@@ -358,7 +358,8 @@ def test_generative_audit_columns(random_model, tok):
     items = generate_items(spec_from_dict({"family": "persona_qa", "n_items": 2, "variants": ["block"]}), [0])
     df = generative_audit(random_model, tok, items, max_new_tokens=3, batch_size=2)
     assert list(df.columns) == ["item_id", "family", "variant", "seed", "generated", "class", "terminated",
-                                "n_new_tokens"]
+                                "n_new_tokens", "truncated_tokens"]
+    assert (df["truncated_tokens"] == 0).all()  # these prompts fit: nothing cut
     assert len(df) == 2 and set(df["class"]) <= {"task", "shortcut", "other_candidate", "other", "unterminated"}
 
 
@@ -540,8 +541,11 @@ def test_shared_kv_attend_causal_block_and_gqa():
                 torch.testing.assert_close(out[r, i], ref, rtol=1e-5, atol=1e-5)
 
 
-def test_unsupported_architecture_falls_back_with_warning(tok):
+def test_unsupported_architecture_falls_back_with_warning(tok, monkeypatch):
+    import probeselect.generation as gen
     from transformers import GPT2Config, GPT2LMHeadModel
+
+    monkeypatch.setattr(gen, "_FALLBACK_NOTED", set())  # as at the start of a run
 
     torch.manual_seed(0)
     cfg = GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=2, n_positions=256,
@@ -554,7 +558,8 @@ def test_unsupported_architecture_falls_back_with_warning(tok):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ref = sample_generations(model, tok, PROMPTS[:2], n=6, max_new_tokens=4, seed=1, engine="expand")
-    assert got == ref
+        again = sample_generations(model, tok, PROMPTS[:2], n=6, max_new_tokens=4, seed=1)  # warned once per run
+    assert got == ref == again
     with pytest.raises(ValueError, match="engine"):
         sample_generations(model, tok, PROMPTS[:1], n=2, engine="paged")
 

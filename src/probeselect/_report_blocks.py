@@ -225,6 +225,35 @@ def _short(h: Any, n: int = 16) -> str:
     return "n/a" if not h else f"`{str(h)[:n]}`"
 
 
+def truncation_counts(manifest: dict) -> list[tuple[str, int, int]]:
+    """``(what, cut, total)`` from a score manifest: span scoring (``scored``: checkpoint x item
+    x seed rows), the generative ``audit``, ``sampling`` and ``persona`` generations (one row per
+    checkpoint x prompt); ``cut`` counts prompts cut from the left to fit the context."""
+    out = []
+    if "truncated_rows" in manifest:
+        out.append(("scored", int(manifest.get("truncated_rows") or 0), int(manifest.get("n_scored_rows") or 0)))
+    cut = manifest.get("truncated_generation_rows") or {}
+    for k, n in (manifest.get("generation_rows") or {}).items():
+        if n:
+            out.append((k, int(cut.get(k) or 0), int(n)))
+    return out
+
+
+def context_note(manifest: dict) -> str | None:
+    """One sentence on prompts cut to fit the context (None when the run could not cut any)."""
+    cfg = manifest.get("config", {}) or {}
+    counts = truncation_counts(manifest)
+    if cfg.get("on_overflow") != "truncate" and not any(k for _, k, _ in counts):
+        return None
+    limit = f"{cfg['max_length']} tokens" if cfg.get("max_length") else "the model's own"
+    parts = [f"{k} of {n} {what}" for what, k, n in counts]
+    if not any(k for _, k, _ in counts):
+        return f"Context limit ({limit}, on_overflow truncate): no prompt had to be cut."
+    return (f"Context limit ({limit}, on_overflow truncate): prompts cut from the left to fit, as lm-eval does: "
+            + ", ".join(parts) + " (see truncated_tokens in scores.parquet, audit.parquet, generations.parquet; "
+            "a cut prompt loses its first demonstrations, so its score is not comparable with an uncut one).")
+
+
 def provenance_section(manifest: dict | None, run_dir: Path) -> Section:
     s = Section("Provenance")
     if not manifest:
@@ -243,6 +272,9 @@ def provenance_section(manifest: dict | None, run_dir: Path) -> Section:
         f"Evaluation seeds: {manifest.get('seeds', cfg.get('seeds'))}; items hash `{str(manifest.get('items_hash'))[:16]}`; "
         f"scoring config: {json.dumps(manifest.get('scoring_config', {}), sort_keys=True)}.",
     ]
+    note = context_note(manifest)
+    if note:
+        items.append(note)
     ckpts = manifest.get("checkpoints", [])
     fps = [c.get("fingerprint") for c in ckpts]
     if len(fps) > 1 and len(set(fps)) < len(fps):

@@ -33,7 +33,7 @@ ATTN_NAME = "probeselect_shared_kv"
 
 #: Architectures whose attention modules call the attention interface with (q, k, v) after RoPE,
 #: and pass forward kwargs through to it.
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "olmo", "olmo2")
 
 
 def unsupported_reason(model, total_length: int) -> str | None:

@@ -91,6 +91,11 @@ def _cmd_score(args: argparse.Namespace) -> int:
         print(f"note: the scores changed; moved the previous run's {Path(path).name} to {Path(path).parent}/",
               file=sys.stderr)
     print(score_summary_line(res, time.perf_counter() - t0), file=sys.stderr)
+    from ._report_blocks import context_note
+
+    note = context_note(res.manifest)
+    if note:
+        print(note, file=sys.stderr)
     cols = [c for c in ("checkpoint", "step", "family", "variant", "kind", "mean_margin", "seed_sd", "accuracy",
                         "candidate_accuracy", "bits_per_byte", "gen_consistency") if c in res.summary.columns]
     with __import__("pandas").option_context("display.width", 160, "display.max_rows", 200):
@@ -117,7 +122,8 @@ def _cmd_probes(args: argparse.Namespace) -> int:
     from .probes._cli import list_probes, show_items, validate_probe_files
 
     if args.probes_command == "list":
-        print(list_probes(Path(args.dir) if args.dir else None))
+        spec_dir = Path(args.dir) if args.dir else (Path("probes") if Path("probes").is_dir() else None)
+        print(list_probes(spec_dir))
         return 0
     if args.probes_command == "validate":
         results = validate_probe_files([Path(f) for f in args.files])
@@ -232,7 +238,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "offline (HF_HUB_OFFLINE=1) they must be in the local HF cache")
     s.add_argument("--revision-pattern", default=None, metavar="GLOB",
                    help="CKPT_DIR is a Hub repo: score the revisions matching GLOB, e.g. 'stage1-step*'")
-    s.add_argument("--probes", nargs="+", required=True, metavar="SPEC", help="probe spec YAML files (probes/*.yaml)")
+    s.add_argument("--probes", nargs="+", required=True, metavar="SPEC",
+                   help="probe spec YAML files or folders (probes/*.yaml), or the name of a spec shipped with the "
+                        "package, usable from any directory: `real` (every real-LM family), `capability`, or a "
+                        "family such as real_successive (`probeselect probes list` shows them)")
     s.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3], help="evaluation seeds (default 0 1 2 3)")
     s.add_argument("--out", default=None, help="run folder (default results/<CKPT_DIR name>)")
     s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
@@ -282,7 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "files, and print rendered items exactly as the model sees them.")
     prs = pr.add_subparsers(dest="probes_command", required=True, metavar="ACTION")
     pl = prs.add_parser("list", help="every registered family and variant with its item count")
-    pl.add_argument("--dir", default="probes", help="also list user families under this folder (default probes/)")
+    pl.add_argument("--dir", default=None,
+                    help="also list user families under this folder (default: probes/ if the current folder has one)")
     pv = prs.add_parser("validate", help="check spec YAML and data files without loading a model")
     pv.add_argument("files", nargs="+", metavar="FILE", help="spec files or folders (searched for *.yaml)")
     ps = prs.add_parser("show", help="print rendered items of a family or spec file")

@@ -32,6 +32,7 @@ compared with span-scoring correctness).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import inspect
 import math
@@ -84,6 +85,57 @@ class Generation:
     terminated: bool
     n_new_tokens: int
     stop: str | None = field(default=None, compare=False)
+    #: prompt tokens cut from the left to fit the context (``on_overflow="truncate"``); 0 = whole prompt
+    truncated_tokens: int = field(default=0, compare=False)
+
+
+class ContextOverflowError(ValueError):
+    """A prompt plus ``max_new_tokens`` does not fit the context and ``on_overflow="error"``."""
+
+    def __init__(self, message: str, prompts: Sequence[int], limit: int):
+        super().__init__(message)
+        self.prompts = list(prompts)  # indices of the prompts that do not fit
+        self.limit = limit
+
+
+OVERFLOW_CHOICES = ("error", "truncate")
+
+
+def context_limit(model, max_length: int | None = None) -> int | None:
+    """Tokens a prompt plus its generated tokens may occupy: ``max_length`` when given, capped
+    by the model's positions (``max_position_embeddings`` / ``n_positions`` ...) when known."""
+    max_pos = _max_positions(model)
+    if max_length is None:
+        return max_pos
+    return max_length if max_pos is None else min(int(max_length), max_pos)
+
+
+def fit_prompts(encoded: Sequence[Sequence[int]], limit: int | None, max_new_tokens: int,
+                on_overflow: str = "error") -> tuple[list[list[int]], list[int]]:
+    """Fit token prompts to ``limit - max_new_tokens`` tokens.
+
+    ``on_overflow="error"`` raises :class:`ContextOverflowError` naming the first prompt
+    that does not fit and how many do not; ``"truncate"`` keeps each long prompt's last
+    ``limit - max_new_tokens`` tokens, as lm-eval's ``generate_until`` does (a leading BOS
+    is cut with the rest). Returns the prompts and the tokens cut from each.
+    """
+    if on_overflow not in OVERFLOW_CHOICES:
+        raise ValueError(f"on_overflow must be one of {OVERFLOW_CHOICES}, got {on_overflow!r}")
+    if limit is None:
+        return [list(e) for e in encoded], [0] * len(encoded)
+    keep = limit - max_new_tokens
+    over = [i for i, ids in enumerate(encoded) if len(ids) > keep]
+    if not over:
+        return [list(e) for e in encoded], [0] * len(encoded)
+    if on_overflow == "error" or keep < 1:
+        i = over[0]
+        why = (f"max_new_tokens={max_new_tokens} leaves no room for a prompt in the {limit}-token context"
+               if keep < 1 else
+               f"prompt {i} has {len(encoded[i])} tokens; with max_new_tokens={max_new_tokens} it exceeds the "
+               f"{limit}-token context ({len(over)} of {len(encoded)} prompts do not fit)")
+        raise ContextOverflowError(why, over, limit)
+    cut = [max(0, len(ids) - keep) for ids in encoded]
+    return [list(ids[c:]) for ids, c in zip(encoded, cut)], cut
 
 
 # ---------------------------------------------------------------------------
@@ -385,6 +437,21 @@ def _prefill_batch(model, encoded: Sequence[Sequence[int]], shared: Sequence[int
 ENGINES = ("shared", "expand")
 
 
+_FALLBACK_NOTED: set[tuple[str, str]] = set()
+
+
+def _note_fallback(model, why: str) -> None:
+    """Warn that sampling uses the ``expand`` engine: once per process for each model type and
+    kind of reason, not once per call (a run samples many times on every checkpoint)."""
+    key = (str(getattr(model.config, "model_type", type(model).__name__)), why.split(" (")[0])
+    if key in _FALLBACK_NOTED:
+        return
+    _FALLBACK_NOTED.add(key)
+    warnings.warn(f"sample_generations: the shared-KV engine does not support this model ({why}); "
+                  "falling back to engine='expand' (same samples, more memory); shown once per model type",
+                  RuntimeWarning, stacklevel=4)
+
+
 @torch.inference_mode()
 def sample_generations(
     model,
@@ -403,6 +470,8 @@ def sample_generations(
     min_shared_prefix: int = MIN_SHARED_PREFIX,
     progress=None,
     stats: dict | None = None,
+    max_length: int | None = None,
+    on_overflow: str = "error",
 ) -> list[list[Generation]]:
     """``n`` sampled continuations of every prompt, each stopped at a newline or EOS.
 
@@ -429,8 +498,9 @@ def sample_generations(
     ``engine``: ``"shared"`` (default) keeps ONE copy of each prompt's prefill keys/values
     and a preallocated buffer of every row's generated keys/values, and merges the two
     attention parts exactly (:mod:`probeselect._shared_kv`); it supports llama, mistral,
-    qwen2 and qwen3 models and falls back to ``"expand"`` with a ``RuntimeWarning`` for
-    other architectures. ``"expand"`` copies each prompt's cache into its ``n`` rows and
+    qwen2, qwen3, olmo and olmo2 models and falls back to ``"expand"`` for other
+    architectures (GPT-2, GPT-NeoX, ...), with one ``RuntimeWarning`` per process and model
+    type. ``"expand"`` copies each prompt's cache into its ``n`` rows and
     grows it every step (what HF ``generate`` does). Both draw the same random numbers:
     they give the same samples, up to floating-point near-ties (see the module docstring).
 
@@ -441,6 +511,12 @@ def sample_generations(
     ``progress``: None/False (silent); True (a tqdm bar counting samples, with samples/s
     and ETA, closed on return); or a tqdm-like object, updated once per finished prompt
     (its postfix, when it has ``set_postfix_str``, shows the sample rate).
+
+    Context: a prompt plus ``max_new_tokens`` must fit in ``max_length`` (default: the
+    model's positions; see :func:`context_limit`). ``on_overflow="error"`` (default) raises
+    :class:`ContextOverflowError` (a ``ValueError``); ``"truncate"`` cuts long prompts from
+    the left as lm-eval's ``generate_until`` does, and each :class:`Generation` records the
+    tokens cut (``truncated_tokens``).
 
     ``stats``: an optional dict, filled with counts of what ran: ``prompts``,
     ``prompt_tokens`` (all prompts' tokens), ``prefill_tokens`` (tokens run through the
@@ -464,7 +540,6 @@ def sample_generations(
     device = next(model.parameters()).device
     cache_kw, keep_last = _forward_kwargs(model)
     eos = _eos_ids(model, tokenizer)
-    max_pos = _max_positions(model)
     pad_id = getattr(model.config, "pad_token_id", None)
     if pad_id is None:
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -473,16 +548,11 @@ def sample_generations(
     for i, ids in enumerate(encoded):
         if not ids:
             raise ValueError(f"prompt {i} encodes to no tokens")
-        if max_pos is not None and len(ids) + max_new_tokens > max_pos:
-            raise ValueError(
-                f"prompt {i} has {len(ids)} tokens; with max_new_tokens={max_new_tokens} it exceeds the "
-                f"model's {max_pos} positions"
-            )
+    encoded, cut = fit_prompts(encoded, context_limit(model, max_length), max_new_tokens, on_overflow)
     if engine == "shared":
         why = unsupported_reason(model, max(map(len, encoded)) + max_new_tokens)
         if why is not None:
-            warnings.warn(f"sample_generations: the shared-KV engine does not support this model ({why}); "
-                          "falling back to engine='expand'", RuntimeWarning, stacklevel=3)
+            _note_fallback(model, why)
             engine = "expand"
     # greedy samples are all identical: decode one row per prompt and repeat it
     n_rows = 1 if temperature == 0 else n
@@ -579,6 +649,8 @@ def sample_generations(
                     if key not in finished:
                         finished[key] = _finish(tokenizer, toks_all[j], reason_all[j])
                     gens.append(finished[key])
+                if cut[i]:
+                    gens = [dataclasses.replace(g, truncated_tokens=cut[i]) for g in gens]
                 results[i] = gens if n_rows == n else gens * n
                 if progress is not None:
                     progress.update(n if own_bar else 1)
@@ -595,12 +667,13 @@ def sample_generations(
 
 def greedy_generations(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 16,
                        batch_size: int = 32, min_shared_prefix: int = MIN_SHARED_PREFIX,
-                       progress=None) -> list[Generation]:
+                       progress=None, max_length: int | None = None, on_overflow: str = "error") -> list[Generation]:
     """Greedy (argmax) continuation of every prompt, stopped at a newline or EOS.
-    ``progress`` (e.g. a tqdm bar) is updated once per prompt done; ``min_shared_prefix``
-    as in :func:`sample_generations`."""
+    ``progress`` (e.g. a tqdm bar) is updated once per prompt done; ``min_shared_prefix``,
+    ``max_length`` and ``on_overflow`` as in :func:`sample_generations`."""
     outs = sample_generations(model, tokenizer, prompts, n=1, temperature=0.0, max_new_tokens=max_new_tokens,
-                              batch_prompts=batch_size, min_shared_prefix=min_shared_prefix, progress=progress)
+                              batch_prompts=batch_size, min_shared_prefix=min_shared_prefix, progress=progress,
+                              max_length=max_length, on_overflow=on_overflow)
     return [o[0] for o in outs]
 
 
@@ -670,20 +743,22 @@ def _item_seed(seed: int, item: ProbeItem) -> int:
 def persona_generation_table(model, tokenizer, items: Sequence[ProbeItem], *, n: int = 200,
                              temperature: float = 1.0, max_new_tokens: int = 16, seed: int = 0,
                              batch_prompts: int = 8, n_examples: int = 5, min_shared_prefix: int = MIN_SHARED_PREFIX,
-                             progress=None) -> pd.DataFrame:
+                             progress=None, max_length: int | None = None, on_overflow: str = "error") -> pd.DataFrame:
     """Sample ``n`` generations per item and count their classes; one row per item.
 
     Columns: item_id, family, variant, seed (the item's evaluation seed), n_samples,
     n_task, n_shortcut, n_other_candidate, n_other, n_unterminated, task_rate,
     mean_new_tokens, top_texts / top_counts (the ``n_examples`` most frequent generated
-    texts and their counts). An item's samples depend on (seed, item_id, item seed), not
+    texts and their counts), truncated_tokens (prompt tokens cut to fit the context; see
+    ``max_length`` / ``on_overflow`` in :func:`sample_generations`). An item's samples depend on (seed, item_id, item seed), not
     on the other items in the list. ``min_shared_prefix``: items whose prompts share a token
     prefix this long prefill it once (0 = off; see :func:`sample_generations`).
     """
     gens = sample_generations(model, tokenizer, [it.prompt for it in items], n=n, temperature=temperature,
                               max_new_tokens=max_new_tokens, seed=seed, batch_prompts=batch_prompts,
                               prompt_seeds=[_item_seed(seed, it) for it in items],
-                              min_shared_prefix=min_shared_prefix, progress=progress)
+                              min_shared_prefix=min_shared_prefix, progress=progress, max_length=max_length,
+                              on_overflow=on_overflow)
     rows = []
     for it, gs in zip(items, gens):
         counts = Counter(classify_generation(g, it) for g in gs)
@@ -696,9 +771,10 @@ def persona_generation_table(model, tokenizer, items: Sequence[ProbeItem], *, n:
         row["mean_new_tokens"] = sum(g.n_new_tokens for g in gs) / len(gs)
         row["top_texts"] = [t for t, _ in top]
         row["top_counts"] = [c for _, c in top]
+        row["truncated_tokens"] = gs[0].truncated_tokens if gs else 0
         rows.append(row)
     cols = ["item_id", "family", "variant", "seed", "n_samples", *_COUNT_COLS, "task_rate", "mean_new_tokens",
-            "top_texts", "top_counts"]
+            "top_texts", "top_counts", "truncated_tokens"]
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -782,23 +858,26 @@ def select_audit_items(items: Sequence[ProbeItem], n_per_family: int = 50, seed:
 
 def generative_audit(model, tokenizer, items: Sequence[ProbeItem], *, max_new_tokens: int = 16,
                      batch_size: int = 32, min_shared_prefix: int = MIN_SHARED_PREFIX,
-                     progress=None) -> pd.DataFrame:
+                     progress=None, max_length: int | None = None, on_overflow: str = "error") -> pd.DataFrame:
     """Greedy generation for each item, classified; one row per item.
 
-    Columns: item_id, family, variant, seed, generated, class, terminated, n_new_tokens.
-    ``progress`` (e.g. a tqdm bar) is updated once per item done; ``min_shared_prefix`` as
-    in :func:`sample_generations`.
+    Columns: item_id, family, variant, seed, generated, class, terminated, n_new_tokens,
+    truncated_tokens (prompt tokens cut from the left to fit the context with
+    ``on_overflow="truncate"``; 0 otherwise). ``progress`` (e.g. a tqdm bar) is updated once
+    per item done; ``min_shared_prefix``, ``max_length`` and ``on_overflow`` as in
+    :func:`sample_generations`.
     """
     gens = greedy_generations(model, tokenizer, [it.prompt for it in items], max_new_tokens=max_new_tokens,
-                              batch_size=batch_size, min_shared_prefix=min_shared_prefix, progress=progress)
+                              batch_size=batch_size, min_shared_prefix=min_shared_prefix, progress=progress,
+                              max_length=max_length, on_overflow=on_overflow)
     rows = [
         {"item_id": it.item_id, "family": it.family, "variant": it.variant, "seed": it.seed,
          "generated": g.text, "class": classify_generation(g, it), "terminated": g.terminated,
-         "n_new_tokens": g.n_new_tokens}
+         "n_new_tokens": g.n_new_tokens, "truncated_tokens": g.truncated_tokens}
         for it, g in zip(items, gens)
     ]
     return pd.DataFrame(rows, columns=["item_id", "family", "variant", "seed", "generated", "class", "terminated",
-                                       "n_new_tokens"])
+                                       "n_new_tokens", "truncated_tokens"])
 
 
 def summarize_audit(audit_df: pd.DataFrame, scores_df: pd.DataFrame, *, by: Sequence[str] | None = None) -> pd.DataFrame:

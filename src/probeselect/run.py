@@ -48,7 +48,8 @@ __all__ = ["RunConfigError", "StageResult", "RunResult", "load_run_config", "run
 
 STAGES = ("ladder", "score", "average", "dynamics", "lock", "shortlist", "pilot", "select", "confirm", "report")
 _TOP_KEYS = ("out", "ladder", "score", "average", "plan", "pilot", "select", "confirm", "report", "device")
-_SCORE_KEYS = ("probes", "seeds", "n_items", "heldout", "audit_items", "max_batch_tokens", "dtype")
+_SCORE_KEYS = ("probes", "seeds", "n_items", "heldout", "audit_items", "max_batch_tokens", "dtype", "max_length",
+               "on_overflow")
 
 
 class RunConfigError(ProbeselectError):
@@ -132,6 +133,14 @@ def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str
     if bad:
         raise RunConfigError(f"{src}: score: unknown key {bad[0]!r}.{did_you_mean(bad[0], _SCORE_KEYS)} "
                              f"Allowed: {list(_SCORE_KEYS)}.")
+    ovf = sc.get("on_overflow", "error")
+    if ovf not in ("error", "truncate"):
+        raise RunConfigError(f"{src}: score.on_overflow must be `error` (stop on a prompt longer than the context) or "
+                             f"`truncate` (cut it from the left as lm-eval does); got {ovf!r}.")
+    ml = sc.get("max_length")
+    if ml is not None and (isinstance(ml, bool) or not isinstance(ml, int) or ml < 2):
+        raise RunConfigError(f"{src}: score.max_length must be an integer >= 2 (the context limit in tokens) or null "
+                             f"for the model's own; got {ml!r}.")
     avg = cfg.get("average")
     if avg is not None:
         if not isinstance(avg, dict) or any(k not in ("window", "out") for k in avg):
@@ -218,11 +227,27 @@ def _load_specs(sc: dict, world_seed: int | None = None) -> list:
     from .probes import load_spec
     from .probes._registry import bind_world_seed
 
-    specs = bind_world_seed([load_spec(p) for p in sc["probes"]], world_seed)
+    from .probes._shipped import resolve_probe_args
+
+    specs = bind_world_seed([load_spec(p) for p in resolve_probe_args(sc["probes"], where="score.probes:")], world_seed)
     n = sc.get("n_items")
     if n is not None:
         specs = [dataclasses.replace(s, n_items=min(int(n), s.n_items)) for s in specs]
     return specs
+
+
+def _truncation_note(manifest: dict) -> str:
+    """"; 3 of 96 scored prompts and 2 of 8 audit prompts cut to fit the context" or ""."""
+    from ._report_blocks import truncation_counts
+
+    parts = [f"{k} of {n} {what} prompts" for what, k, n in truncation_counts(manifest) if k]
+    return f"; {' and '.join(parts)} cut from the left to fit the context" if parts else ""
+
+
+def _spec_paths(sc: dict) -> list[Path]:
+    from .probes._shipped import resolve_probe_args
+
+    return [Path(p) for p in resolve_probe_args(sc["probes"], where="score.probes:")]
 
 
 def run_pipeline(config: str | Path, *, overrides: Sequence[str] = (), force: Sequence[str] | None = None,
@@ -282,8 +307,10 @@ def run_pipeline(config: str | Path, *, overrides: Sequence[str] = (), force: Se
         res = score_checkpoints(ladder_source(), _load_specs(sc, world_seed()), seeds=sc.get("seeds", [0, 1, 2, 3]), out=run,
                                 heldout=sc.get("heldout"), audit_items=int(sc.get("audit_items", 0)),
                                 max_batch_tokens=int(sc.get("max_batch_tokens", 8192)),
+                                max_length=sc.get("max_length"), on_overflow=sc.get("on_overflow", "error"),
                                 dtype=sc.get("dtype", "float32"), device=device, progress=progress)
-        return f"scored {len(res.scored)} checkpoint(s) ({len(res.manifest['checkpoints']) - len(res.scored)} cached)"
+        return (f"scored {len(res.scored)} checkpoint(s) ({len(res.manifest['checkpoints']) - len(res.scored)} cached)"
+                + _truncation_note(res.manifest))
 
     avg_cfg = cfg.get("average") or None
 
@@ -297,6 +324,7 @@ def run_pipeline(config: str | Path, *, overrides: Sequence[str] = (), force: Se
         res = score_checkpoints(avg_dir, _load_specs(sc, world_seed()), seeds=sc.get("seeds", [0, 1, 2, 3]), out=run / "averaged",
                                 heldout=sc.get("heldout"), audit_items=0,
                                 max_batch_tokens=int(sc.get("max_batch_tokens", 8192)),
+                                max_length=sc.get("max_length"), on_overflow=sc.get("on_overflow", "error"),
                                 dtype=sc.get("dtype", "float32"), device=device, progress=progress)
         msg = f"{len(res.manifest['checkpoints'])} averaged checkpoint(s) (window {window}) scored into {run / 'averaged'}"
         lineage = Path(ladder) / "data_lineage.json"
@@ -371,7 +399,7 @@ def run_pipeline(config: str | Path, *, overrides: Sequence[str] = (), force: Se
     stages = [
         _Stage("ladder", lambda: {"toy": toy}, lambda: [ladder / "ladder.json"], do_ladder, enabled=toy is not None),
         _Stage("score", lambda: {"ladder": _ladder_identity(ladder_source()), "probes": [s.to_dict() for s in _load_specs(sc, world_seed())],
-                                 "specs": _hash_files([Path(p) for p in sc["probes"]]),
+                                 "specs": _hash_files(_spec_paths(sc)),
                                  "heldout": _hash_files([Path(sc["heldout"])]) if sc.get("heldout") else None,
                                  "config": {k: v for k, v in sc.items() if k != "probes"}},
                lambda: files("summary.csv", "scores.parquet", "manifest.json"), do_score),

@@ -42,6 +42,7 @@ cache and refuses, naming the missing shards, unless every unit is cached.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import logging
@@ -576,7 +577,9 @@ def _check_arguments(args: dict[str, Any]) -> tuple[list[int], tuple[int, int] |
 
 def _read_inputs(probes, seeds: list[int], *, heldout, heldout_stride, audit_items: int) -> _Inputs:
     """Stage 1: load the specs, generate every item, read the held-out text and pick the audited items."""
-    specs = [p if isinstance(p, FamilySpec) else load_spec(p) for p in probes]  # cheap checks first
+    from .probes._shipped import resolve_probe_args  # files, folders, shipped names (real, real_successive ...)
+
+    specs = [p if isinstance(p, FamilySpec) else load_spec(p) for p in resolve_probe_args(probes)]  # cheap checks first
     fams = [s.family for s in specs]
     dup = sorted({f for f in fams if fams.count(f) > 1})
     if dup:
@@ -846,6 +849,23 @@ def _overflow_error(family: str, n_over: int, n: int, example: str, need: int, l
     )
 
 
+@contextlib.contextmanager
+def _generation_overflow(what: str, items, skip: str = "--audit-items 0 to skip the audit"):
+    """Turn a generation prompt that does not fit the context (``on_overflow="error"``) into
+    a ScoringError that names the items and the fixes."""
+    from .generation import ContextOverflowError
+
+    try:
+        yield
+    except ContextOverflowError as exc:
+        it = items[exc.prompts[0]]
+        raise ScoringError(
+            f"{what}: {len(exc.prompts)} of {len(items)} prompts do not fit the {exc.limit}-token context with the "
+            f"tokens to generate (first: item {it.item_id}, seed {it.seed}: {exc}). Pass --on-overflow truncate (in a "
+            "run config: score.on_overflow: truncate) to cut them from the left as lm-eval does (counted in the "
+            f"manifest and report), or {skip}.") from None
+
+
 # ---------------------------------------------------------------------------
 # Stage 4: run this process's units, one checkpoint resident at a time
 # ---------------------------------------------------------------------------
@@ -894,7 +914,7 @@ def _score_run(units, own, shard, ladder: _Ladder, inputs: _Inputs, manifest: di
     if missing:  # cannot happen unless a rank died silently; never present partial results
         raise RuntimeError(f"{len(missing)} work units produced no result")
     tables = _build_tables(gathered.done, units, inputs.item_dicts)
-    _complete_manifest(manifest, ladder, inputs.fams, units, gathered, tables.n_truncated)
+    _complete_manifest(manifest, ladder, inputs.fams, units, gathered, tables)
     superseded: list[str] = []
     if settings.run_dir is not None and dist.is_main:
         superseded = _write_tables(settings.run_dir, tables, manifest, old_manifest)
@@ -951,7 +971,8 @@ def _reuse_cached(ckpt: Checkpoint, ck_units: list[WorkUnit], settings: _Setting
         part = pd.read_parquet(cache) if cache is not None and cache.is_file() else None
         if part is not None and u.task == "spans" and "truncated_tokens" not in part.columns:
             part = None  # cached before truncation was recorded: score it again
-        if part is not None and u.task == "spans" and settings.on_overflow == "error" and (part["truncated_tokens"] > 0).any():
+        if (part is not None and u.task in ("spans", "gen", "audit") and settings.on_overflow == "error"
+                and "truncated_tokens" in part.columns and (part["truncated_tokens"] > 0).any()):
             raise ScoringError(
                 f"{cache}: cached scores of family {u.family} were computed with truncated prompts "
                 "(--on-overflow truncate); pass --on-overflow truncate again or use a fresh --out.")
@@ -1014,28 +1035,34 @@ def _nll_engine(ctx: _UnitContext, u: WorkUnit) -> pd.DataFrame:
 def _gen_engine(ctx: _UnitContext, u: WorkUnit) -> pd.DataFrame:
     """Sampled generations of a family (:func:`generation.persona_generation_table`)."""
     s, e = u.item_slice
-    g = ctx.inputs.gen[u.family]
+    g, st = ctx.inputs.gen[u.family], ctx.settings
     with tqdm(total=e - s, desc=f"  {ctx.ckpt.name} {u.family} sampling", unit="prompt", leave=False,
-              disable=not ctx.settings.progress) as bar:
+              disable=not st.progress) as bar, _generation_overflow(
+                  f"{u.family} sampling", ctx.inputs.items[s:e], "a smaller gen_max_new_tokens in the spec's params"):
         return _with_checkpoint(persona_generation_table(
             ctx.model, ctx.tokenizer, ctx.inputs.items[s:e], n=g["n"], temperature=g["temperature"],
-            max_new_tokens=g["max_new_tokens"], seed=0, min_shared_prefix=ctx.gen_share, progress=bar), ctx.ckpt)
+            max_new_tokens=g["max_new_tokens"], seed=0, min_shared_prefix=ctx.gen_share, progress=bar,
+            max_length=st.max_length, on_overflow=st.on_overflow), ctx.ckpt)
 
 
 def _persona_engine(ctx: _UnitContext, u: WorkUnit) -> pd.DataFrame:
     """GDsuite persona generations (:func:`probes._gdsuite.gdsuite_persona_table`)."""
+    st = ctx.settings
     return _with_checkpoint(gdsuite_persona_table(ctx.model, ctx.tokenizer, ctx.inputs.persona_specs[u.family],
-                                                  ctx.seeds, min_shared_prefix=ctx.gen_share), ctx.ckpt)
+                                                  ctx.seeds, min_shared_prefix=ctx.gen_share,
+                                                  max_length=st.max_length, on_overflow=st.on_overflow), ctx.ckpt)
 
 
 def _audit_engine(ctx: _UnitContext, u: WorkUnit) -> pd.DataFrame:
     """Greedy generative audit of the audited items (:func:`generation.generative_audit`)."""
-    audit_idx = ctx.inputs.audit_idx
+    audit_idx, st = ctx.inputs.audit_idx, ctx.settings
+    audited = [ctx.inputs.items[k] for k in audit_idx]
     with tqdm(total=len(audit_idx), desc=f"  {ctx.ckpt.name} generative audit", unit="item", leave=False,
-              disable=not ctx.settings.progress) as bar:
+              disable=not st.progress) as bar, _generation_overflow("generative audit", audited):
         return _with_checkpoint(generative_audit(
-            ctx.model, ctx.tokenizer, [ctx.inputs.items[k] for k in audit_idx],
-            max_new_tokens=ctx.settings.audit_max_new_tokens, min_shared_prefix=ctx.gen_share, progress=bar), ctx.ckpt)
+            ctx.model, ctx.tokenizer, audited, max_new_tokens=st.audit_max_new_tokens,
+            min_shared_prefix=ctx.gen_share, progress=bar, max_length=st.max_length,
+            on_overflow=st.on_overflow), ctx.ckpt)
 
 
 # WorkUnit.task -> the engine that runs it.
@@ -1156,7 +1183,7 @@ def _span_summary(scores: pd.DataFrame) -> tuple[pd.DataFrame, int]:
 
 
 def _complete_manifest(manifest: dict, ladder: _Ladder, fams: list[str], units, gathered: _Gathered,
-                       n_truncated: int) -> None:
+                       tables: _Tables) -> None:
     """Record in the manifest what was complete, failed, scored now and read from the cache."""
     ckpts, failed, scored = ladder.ckpts, ladder.failed, set(gathered.scored)
     manifest["complete"] = [{"checkpoint": c.name, "family": f} for c in ckpts if c.name not in failed for f in fams]
@@ -1166,9 +1193,27 @@ def _complete_manifest(manifest: dict, ladder: _Ladder, fams: list[str], units, 
     manifest["n_checkpoints_found"] = ladder.n_found
     manifest["units"] = {"total": len(units), "from_cache": gathered.n_cached,
                          "scored_now": len(gathered.done) - gathered.n_cached}
-    manifest["truncated_rows"] = n_truncated
+    manifest["truncated_rows"] = tables.n_truncated
+    manifest["n_scored_rows"] = len(tables.scores)
+    _record_generation_cuts(manifest, tables)
     manifest["units_by_rank"] = gathered.units_by_rank
     manifest["peak_rss_mib"] = _peak_rss_mib()
+
+
+def _record_generation_cuts(manifest: dict, tables: _Tables) -> None:
+    """Count generation prompts cut to fit the context (audit: one row per checkpoint x item;
+    sampling: one row per checkpoint x item, all its samples share the cut prompt; persona:
+    checkpoint x seed x persona x question) and warn when any was cut."""
+    frames = (("audit", tables.audit), ("sampling", tables.generations), ("persona", tables.persona))
+    manifest["truncated_generation_rows"] = {
+        name: int((df["truncated_tokens"] > 0).sum()) if df is not None and "truncated_tokens" in df.columns else 0
+        for name, df in frames}
+    manifest["generation_rows"] = {name: 0 if df is None else len(df) for name, df in frames}
+    if any(manifest["truncated_generation_rows"].values()):
+        log.warning("generation prompts cut from the left to fit the context (--on-overflow truncate): %s; see "
+                    "truncated_tokens in audit.parquet / generations.parquet.",
+                    ", ".join(f"{k} {v} of {manifest['generation_rows'][k]}"
+                              for k, v in manifest["truncated_generation_rows"].items() if v))
 
 
 def _write_tables(run_dir: Path, tables: _Tables, manifest: dict, old_manifest: dict | None) -> list[str]:

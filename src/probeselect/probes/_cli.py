@@ -86,6 +86,14 @@ def list_probes(spec_dir: Path | None = None) -> str:
                 fam = get_family(spec.family)
                 rows.append([spec.family, fam.kind, ",".join(spec.variants), per, str(p), fam.description])
     out = _table(headers, rows)
+    from ._shipped import COLLECTIONS, SPEC_ROOT, shipped_names
+
+    names = shipped_names()
+    out += ("\n\nSpecs shipped with the package (pass the name to --probes from any directory; "
+            f"files under {SPEC_ROOT}):\n" + _table(
+                ["name", "spec files"],
+                [[n, ", ".join(str(p.relative_to(SPEC_ROOT)) for p in names[n])]
+                 for n in list(COLLECTIONS) + sorted(n for n in names if n not in COLLECTIONS)]))
     if toy_rows:
         out += ("\n\nToy-world families (requires: toy_world; only for checkpoints of the toy ladder, "
                 "an error on any other model):\n" + _table(headers, toy_rows))

@@ -501,7 +501,8 @@ def persona_prompts(spec: FamilySpec, seeds) -> list[dict]:
 
 
 def gdsuite_persona_table(model, tokenizer, spec: FamilySpec, seeds, *, batch_prompts: int = 8,
-                          min_shared_prefix: int | None = None):
+                          min_shared_prefix: int | None = None, max_length: int | None = None,
+                          on_overflow: str = "error"):
     """GDsuite's persona protocol: ``n_samples`` generations per (seed, persona, question).
 
     Samples come from :func:`probeselect.generation.sample_generations` (full softmax at
@@ -515,7 +516,9 @@ def gdsuite_persona_table(model, tokenizer, spec: FamilySpec, seeds, *, batch_pr
     so the two agree whenever the answer is a single line (see probes/README.md).
 
     One row per (seed, persona, question): family, variant (persona), seed, test_id,
-    category, n_samples, n_match, match_rate, n_unterminated, top_responses.
+    category, n_samples, n_match, match_rate, n_unterminated, top_responses, truncated_tokens
+    (prompt tokens cut from the left with ``on_overflow="truncate"``, see
+    :func:`probeselect.generation.sample_generations`).
     """
     import re
     from collections import Counter
@@ -535,10 +538,11 @@ def gdsuite_persona_table(model, tokenizer, spec: FamilySpec, seeds, *, batch_pr
         gens = sample_generations(model, tokenizer, [r["prompt"] for r in recs], n=p["n_samples"],
                                   temperature=p["temperature"], max_new_tokens=p["max_new_tokens"],
                                   prompt_seeds=pseeds, batch_prompts=batch_prompts,
-                                  min_shared_prefix=min_shared_prefix)
+                                  min_shared_prefix=min_shared_prefix, max_length=max_length, on_overflow=on_overflow)
     except ValueError as exc:
         raise ScoringError(f"{spec.path or spec.family}: persona generation failed: {exc}. "
-                           "Lower `max_new_tokens` or use a model with a longer context.") from None
+                           "Lower `max_new_tokens`, use a model with a longer context, or pass --on-overflow "
+                           "truncate to cut the prompts from the left.") from None
     rows = []
     for r, gs in zip(recs, gens):
         texts = [g.text.strip() for g in gs]
@@ -547,7 +551,8 @@ def gdsuite_persona_table(model, tokenizer, spec: FamilySpec, seeds, *, batch_pr
         rows.append({"family": r["family"], "variant": r["variant"], "seed": r["seed"], "test_id": r["test_id"],
                      "category": r["category"], "n_samples": len(texts), "n_match": n_match,
                      "match_rate": n_match / len(texts), "n_unterminated": sum(not g.terminated for g in gs),
-                     "top_responses": [t[:400] for t, _ in Counter(texts).most_common(5)]})
+                     "top_responses": [t[:400] for t, _ in Counter(texts).most_common(5)],
+                     "truncated_tokens": gs[0].truncated_tokens if gs else 0})
     return pd.DataFrame(rows)
 
 

@@ -130,11 +130,12 @@ def _build_model(base: Path, recipe: Recipe, seed: int, device):
     model = load_model(Path(base), torch.float32, device)
     model.config.use_cache = False
     if recipe.method.type == "lora":
-        from peft import LoraConfig, get_peft_model
+        from peft import get_peft_model
+
+        from .lora import lora_config
 
         m = recipe.method
-        cfg = LoraConfig(r=m.r, lora_alpha=m.alpha, lora_dropout=m.dropout, target_modules=list(m.target_modules),
-                         bias="none", task_type="CAUSAL_LM")
+        cfg = lora_config(model, m, source=recipe.source, base=base)  # all-linear default; names checked
         torch.manual_seed(init_seed(seed))  # LoRA A matrices: seeded separately from the data order
         try:
             with warnings.catch_warnings():  # peft 0.21 calls a transformers 5 deprecated alias

@@ -43,7 +43,8 @@ _DEFAULTS: dict[str, Any] = {
     "precision": "fp32",
     "transfer": {},
 }
-_LORA_DEFAULTS = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
+# target_modules: every linear layer of the attention and MLP blocks (peft's "all-linear"; see sft/lora.py)
+_LORA_DEFAULTS = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"}
 
 _SECTIONS = {
     "name": None,
@@ -277,8 +278,12 @@ def recipe_from_dict(given: Any, *, source: str = "<recipe>", check_files: bool 
     mtype = _choice(src, "method.type", m.get("type"), ("lora", "full"))
     if mtype == "lora":
         tm = m["target_modules"]
-        if not (isinstance(tm, list) and tm and all(isinstance(x, str) for x in tm)):
-            raise _err(src, "method.target_modules", "expected a non-empty list of module names, e.g. [q_proj, v_proj].")
+        if tm == "all-linear":
+            tm = [tm]
+        if not (isinstance(tm, list) and tm and all(isinstance(x, str) and x for x in tm)):
+            raise _err(src, "method.target_modules", "expected `all-linear` (every linear layer of the attention and "
+                       "MLP blocks, the default) or a non-empty list of module names, e.g. [q_proj, v_proj] "
+                       "(Llama), [c_attn] (GPT-2), [query_key_value] (GPT-NeoX).")
         method = MethodConfig("lora", r=_int(src, "method.r", m["r"], minimum=1),
                               alpha=_float(src, "method.alpha", m["alpha"], positive=True),
                               dropout=_float(src, "method.dropout", m["dropout"], minimum=0.0), target_modules=tuple(tm))
