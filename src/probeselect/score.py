@@ -225,6 +225,9 @@ def load_model(path: Path, dtype: torch.dtype, device: torch.device):
             f"{path}: failed to load the model: {len(keys)} {what} weight tensor(s) (e.g. {keys[0]}); "
             "the weights do not match config.json. Re-save or re-copy the checkpoint."
         )
+    from ._guards import note_nonfinite_weights
+
+    note_nonfinite_weights(model, path)  # NaN/inf weights: a warning naming the tensor, recorded for the manifest
     return model.to(device).eval()
 
 
@@ -922,6 +925,9 @@ def _score_run(ckpts, items, item_dicts, fams, specs, manifest, units, failed, *
     manifest["complete"] = [{"checkpoint": c.name, "family": f} for c in ckpts if c.name not in failed for f in fams]
     manifest["failed"] = [{"checkpoint": n, "error": e} for n, e in failed.items()]
     manifest["status"] = "complete" if not failed else "incomplete"
+    from ._guards import nonfinite_checkpoints
+
+    manifest["nonfinite"] = nonfinite_checkpoints(scores, ckpts)  # NaN/inf weights or scores: warned, report flags
     manifest["scored_now"] = [c.name for c in ckpts if c.name in set(scored_list)]
     manifest["n_checkpoints_found"] = n_found
     manifest["units"] = {"total": len(units), "from_cache": n_cached, "scored_now": len(done) - n_cached}
