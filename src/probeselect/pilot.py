@@ -308,7 +308,7 @@ def _pilot_writer(out: Path, is_main: bool, started: dict):
     except BaseException as exc:
         err: BaseException = exc
         if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
-            err = UsageError(f"{exc.filename or out}: no space left on device ({exc.strerror}) while writing the "
+            err = UsageError(f"{exc.filename or out}: no space left on device while writing the "
                              f"pilot folder {out}. Free space there (or use another --out); re-running the same "
                              "command resumes from the last saved state.")
         if is_main:
@@ -532,8 +532,8 @@ def _check_pair_consistent(run_dir: Path, expect: dict[str, Any]) -> None:
     if not (mixed and foreign_state):
         return
     entries = sorted(p.name + ("/" if p.is_dir() else "") for p in run_dir.iterdir())
-    detail = "; ".join(f"{k}: train_sha256 {str(r.get('train_sha256'))[:12]}, manifest_sha256 "
-                       f"{str(r.get('manifest_sha256'))[:12]}" for k, r in recs.items())
+    detail = "; ".join(f"{k}: " + ", ".join(f"{x} {str(v)[:12]}" for x, v in r.items()
+                                            if x != "base_fingerprint" and v is not None) for k, r in recs.items())
     raise ResumeError(
         f"{run_dir}: this pilot run folder holds files of different runs ({detail}; this run: train_sha256 "
         f"{str(expect['train_sha256'])[:12]}, manifest_sha256 {str(expect['manifest_sha256'])[:12]}), e.g. two "

@@ -717,7 +717,10 @@ def select(run_dir: str | Path, *, plan_path: str | Path | None = None, pilot_di
 
     Raises :class:`SelectionError` without a lock (``probeselect plan lock``), and
     :class:`PostHocError` when the selection would be post-hoc and ``allow_post_hoc`` is
-    False. With ``allow_post_hoc`` every output is marked POST-HOC.
+    False. With ``allow_post_hoc`` every output is marked POST-HOC. POST-HOC is sticky: once a
+    selection of the run was post-hoc, every later one is (``plan_history.jsonl``, see
+    :mod:`probeselect._posthoc`). A refused selection moves the previous ``selection.json``/
+    ``.csv`` to ``superseded/<UTC time>/``, so no report presents a stale predeclared selection.
     """
     run_dir = Path(run_dir)
     status = check_lock(run_dir, plan_path)
@@ -726,9 +729,11 @@ def select(run_dir: str | Path, *, plan_path: str | Path | None = None, pilot_di
         moved = retire_selection(run_dir)
         record_history(run_dir, "select_refused", plan_sha256=status.plan_sha256, plan_path=str(status.plan_path),
                        post_hoc=True, reasons=status.reasons)
-        raise PostHocError(("the previous selection was moved to " + ", ".join(moved) + ". " if moved else "") +"this selection would be POST-HOC: " + "; ".join(status.reasons) +
+        raise PostHocError("this selection would be POST-HOC: " + "; ".join(status.reasons) +
                            ". Pass --allow-post-hoc to select anyway (every output is then marked POST-HOC), or start "
-                           "a fresh run with the plan locked before the pilot.")
+                           "a fresh run with the plan locked before the pilot." +
+                           (f" The previous selection was moved to {moved[0]} so that no report presents it as "
+                            "current." if moved else ""))
     plan = load_selection_plan(status.plan_path)
     spec = plan.selection
     tables = load_pilot_tables(pilot_dir if pilot_dir is not None else run_dir / "pilot")
