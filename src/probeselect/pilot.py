@@ -583,7 +583,7 @@ def _collect_base(out: Path, ckpts, summarize_transfer, write: bool) -> pd.DataF
                      for r in summarize_transfer(it).itertuples()]
     df = pd.DataFrame(rows, columns=cols)
     if write and len(df):
-        atomic_write_csv(out / "transfer_base.csv", df)
+        atomic_write_csv(out / "transfer_base.csv", df, na_rep="nan")
     return df
 
 

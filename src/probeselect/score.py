@@ -227,8 +227,9 @@ def load_model(path: Path, dtype: torch.dtype, device: torch.device):
         )
     from ._guards import note_nonfinite_weights
 
-    note_nonfinite_weights(model, path)  # NaN/inf weights: a warning naming the tensor, recorded for the manifest
-    return model.to(device).eval()
+    model = model.to(device).eval()
+    note_nonfinite_weights(model, path)  # NaN/inf weights (checked on the device): warned, recorded for the manifest
+    return model
 
 
 def _item_rows(items: Sequence[ProbeItem]) -> list[dict]:
