@@ -140,3 +140,21 @@ def simulate_pilot_items(rng: np.random.Generator, *, studies: int, true_means, 
     a = rng.normal(0.0, sd_item_effect, (studies, 1, 1, n_items))
     e = rng.normal(0.0, sd_item, (studies, k, n_seeds, n_items))
     return mu[None, :, None, None] + u + w + a + e
+
+
+def lock_for(run_dir: Path, sel: dict) -> dict:
+    """Write a plan file and a plan.lock.json into ``run_dir`` that match the synthetic
+    selection record ``sel`` (the report recomputes predeclared/POST-HOC from them); returns
+    ``sel`` with its plan path and hashes pointing at them."""
+    import tempfile
+
+    from probeselect._io import sha256_file
+
+    # outside the test's folder: its name (the test's) would otherwise appear in the report's Predeclared line
+    plan = Path(tempfile.mkdtemp(prefix="plan-")) / "plan.yaml"
+    plan.write_text(PLAN)
+    sha = sha256_file(plan)
+    lock = {"kind": "plan_lock", "locked_utc": "2026-01-01T00:00:00+00:00", "plan_path": str(plan),
+            "plan_sha256": sha, "outcome_files_at_lock": [], "shortlist_files_at_lock": []}
+    atomic_write_json(run_dir / "plan.lock.json", lock)
+    return {**sel, "plan_path": str(plan), "plan_sha256": sha, "lock": {**sel.get("lock", {}), "plan_sha256": sha}}

@@ -7,7 +7,7 @@ import re
 
 import pandas as pd
 import pytest
-from _selection_fakes import make_score_run
+from _selection_fakes import lock_for, make_score_run
 
 from probeselect._io import atomic_write_csv, atomic_write_json, sha256_file
 from probeselect.final_report import confirmation_status, floor_ceiling, write_selection_report
@@ -59,6 +59,8 @@ def _confirm(top, verdict, held, sel_path):
 
 def _write(tmp_path, sel, conf_args=None, *, transfer=None, conf_diag=None):
     d = make_score_run(tmp_path / "run")
+    if not sel.get("post_hoc"):
+        sel = lock_for(d, sel)  # the report checks the lock and plan as they are now
     atomic_write_json(d / "selection.json", sel)
     if conf_args is not None:
         atomic_write_json(d / "confirm.json", _confirm(*conf_args, d / "selection.json"))
@@ -185,7 +187,7 @@ def test_selection_report_title_names_the_run(tmp_path, name):
     man = json.loads((d / "manifest.json").read_text())
     man["command"] = ["probeselect", "run", "recipes/demo.yaml", "out=results/demo"]
     atomic_write_json(d / "manifest.json", man)
-    atomic_write_json(d / "selection.json", sel)
+    atomic_write_json(d / "selection.json", lock_for(d, sel))
     first = write_selection_report(d).md.read_text().splitlines()[0]
     assert first == "# probeselect base selection: demo"
 

@@ -155,6 +155,7 @@ def test_run_skips_up_to_date_stages_and_marks_post_hoc(tmp_path, tiny_ladder, f
     plan.write_text(PLAN.replace("tie_margin: 0.0", "tie_margin: 0.5"))
     with pytest.raises(PostHocError, match="changed after it was locked"):
         run_pipeline(cfg, progress=False, log=lambda m: None)
+    assert not (run / "selection.json").exists()  # the old predeclared selection is moved aside, not left current
     res4 = run_pipeline(cfg, overrides=["select.allow_post_hoc=true"], progress=False, log=lambda m: None)
     st4 = {s.name: s for s in res4.stages}
     assert st4["lock"].status == "skipped" and "POST-HOC" in st4["lock"].detail

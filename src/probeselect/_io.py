@@ -68,9 +68,9 @@ def atomic_write_parquet(path: Path, df) -> None:
     _atomic_write(Path(path), lambda tmp: df.to_parquet(tmp, index=False))
 
 
-def atomic_write_csv(path: Path, df) -> None:
-    """Write a pandas DataFrame to CSV atomically."""
-    _atomic_write(Path(path), lambda tmp: df.to_csv(tmp, index=False))
+def atomic_write_csv(path: Path, df, **to_csv) -> None:
+    """Write a pandas DataFrame to CSV atomically (``to_csv``: extra DataFrame.to_csv arguments)."""
+    _atomic_write(Path(path), lambda tmp: df.to_csv(tmp, index=False, **to_csv))
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -51,10 +51,31 @@ def load_yaml(path: Path, error_cls: type[Exception] = ProbeSpecError) -> Any:
         raise error_cls(f"{path}: cannot read ({exc.strerror or exc}).") from None
 
 
+def literal_value(text: str) -> Any:
+    """The value of a ``key=value`` override whose key expects a path (or other free text):
+    the text itself (surrounding whitespace removed; empty or ``null`` = None), so ``/data/lad #1/x.jsonl``
+    or ``/data/a: b/x.jsonl`` are kept whole instead of being cut by YAML's comment and
+    mapping syntax. Only a YAML flow mapping or list (``{...}``/``[...]`` that parses as one) is
+    read as YAML, so ``ladder={toy: {seed: 1}}`` still works."""
+    t = text.strip()
+    if not t or t in ("null", "Null", "NULL", "~"):  # unsetting a path (e.g. transfer.heldout=null)
+        return None
+    if t[0] in "{[":
+        try:
+            v = yaml.safe_load(t)
+        except yaml.YAMLError:
+            return t
+        if isinstance(v, (dict, list)) and not (isinstance(v, dict) and list(v.values()) == [None]):
+            return v
+    return t
+
+
 def apply_dotted_overrides(raw: dict, overrides, *, top_keys, error_cls: type[Exception], example: str,
-                           unknown_key_message) -> dict:
+                           unknown_key_message, path_keys=frozenset()) -> dict:
     """A deep copy of ``raw`` with ``a.b.c=value`` overrides applied (values parsed as YAML,
-    an empty value is None; missing intermediate mappings are created).
+    an empty value is None; missing intermediate mappings are created). Keys in ``path_keys``
+    (dotted, e.g. ``data.train``) expect a path: their value is taken literally
+    (:func:`literal_value`), never parsed as YAML.
 
     ``top_keys``: the allowed first components; ``unknown_key_message(override, key)`` gives
     the error text for another one. ``example`` is shown for an override without ``=``.
@@ -68,7 +89,8 @@ def apply_dotted_overrides(raw: dict, overrides, *, top_keys, error_cls: type[Ex
         if not sep or not key:
             raise error_cls(f"override {ov!r}: expected key=value, e.g. {example}.")
         try:
-            value = yaml.safe_load(text) if text.strip() else None
+            value = (literal_value(text) if key in path_keys else
+                     yaml.safe_load(text) if text.strip() else None)
         except yaml.YAMLError as exc:
             raise error_cls(f"override {ov!r}: value is not valid YAML ({exc}).") from None
         parts = key.split(".")

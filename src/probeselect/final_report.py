@@ -160,6 +160,11 @@ def _run_correctness(sel: dict, diag: pd.DataFrame | None, conf_diag: pd.DataFra
         parts.append("pilot runs: no diagnostics recorded")
     if conf_diag is not None and len(conf_diag):
         parts.append(_diag_summary(conf_diag, "confirmation"))
+    for b in sel.get("score_nonfinite") or []:  # from the score manifest (probeselect._guards)
+        parts.append(f"scored checkpoint `{b.get('checkpoint')}` is invalid: " + " and ".join(
+            w for w in ((f"{b.get('n_weights')} weight tensor(s) hold NaN/inf" if b.get("n_weights") else ""),
+                        (f"{b.get('nonfinite_scores')} score row(s) are NaN/inf" if b.get("nonfinite_scores") else ""))
+            if w))
     if not parts:
         return []
     return ["**Run correctness**: " + ". ".join(parts) + ". Flagged runs are named; check them in the run-correctness "
@@ -513,6 +518,9 @@ def write_selection_report(run_dir: str | Path, *, averaged_run_dir: str | Path 
     sel = _read_json(run_dir / "selection.json")
     if sel is None:
         raise SelectionError(f"{run_dir / 'selection.json'}: no selection yet; run `probeselect select {run_dir}`.")
+    from ._live_selection import live_selection
+
+    sel = live_selection(run_dir, sel)  # POST-HOC/predeclared from the lock and plan as they are now
     conf = _read_json(run_dir / "confirm.json")
     if conf and conf.get("selection_sha256") != sha256_file(run_dir / "selection.json"):
         conf = dict(conf, notes=list(conf.get("notes", [])) + [

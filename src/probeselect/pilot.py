@@ -38,6 +38,7 @@ rewritten); an unfinished pair resumes from its last full state.
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import json
 import os
@@ -49,10 +50,12 @@ from typing import Any, Callable, Sequence
 import pandas as pd
 from tqdm.auto import tqdm
 
-from ._io import atomic_write_csv, atomic_write_json, atomic_write_parquet, canonical_json_hash, sha256_file
+from ._guards import check_vocab
+from ._io import RunLock, atomic_write_csv, atomic_write_json, atomic_write_parquet, canonical_json_hash, sha256_file
 from .checkpoints import Checkpoint, discover_checkpoints
 from ._hub import checkpoint_from_snapshot
-from .errors import CheckpointError, ManifestMismatchError, SelectionError, TokenizerMismatchError
+from .errors import (CheckpointError, ManifestMismatchError, ResumeError, SelectionError, TokenizerMismatchError,
+                     UsageError)
 from .manifest import base_manifest
 from .sft.data import data_hash, encode_rows, load_rows, prompt_formatter
 from .sft.loop import train
@@ -275,9 +278,65 @@ def run_pilot(bases, recipe: Recipe | str | Path, out_dir: str | Path, *, progre
                           overrides=overrides, on_step=on_step)
 
 
+_NO_SPACE = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+
+
+def _clean_staging(out: Path) -> None:
+    """Remove half-written model/state folders (``.tmp-*``) and orphaned atomic-write temp files."""
+    for pat in ("*/seed*/.tmp-*", "*/seed*/state/.tmp-*", ".*.tmp", "*/seed*/.*.tmp", "*/base/.*.tmp"):
+        for p in out.glob(pat):
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _pilot_writer(out: Path, is_main: bool, started: dict):
+    """One writer per pilot folder (``.probeselect.lock``, taken before anything is written: a refused
+    second writer changes nothing) and a truthful manifest: ``failed`` with the error, or
+    ``interrupted``, once this run has written its own ``running`` manifest. A full disk is named."""
+    lock = None
+    if is_main:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"--out {out}: cannot create the pilot folder ({exc.strerror}).") from None
+        lock = RunLock(out, error_cls=UsageError).acquire()
+    try:
+        yield
+    except BaseException as exc:
+        err: BaseException = exc
+        if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
+            err = UsageError(f"{exc.filename or out}: no space left on device while writing the "
+                             f"pilot folder {out}. Free space there (or use another --out); re-running the same "
+                             "command resumes from the last saved state.")
+        if is_main:
+            _clean_staging(out)
+            man = started.get("manifest")
+            if man is not None:
+                interrupted = isinstance(exc, KeyboardInterrupt)
+                man.update(status="interrupted" if interrupted else "failed", ended_utc=_now_utc(),
+                           error=("interrupted (Ctrl-C or SIGTERM); re-run the same command to resume" if interrupted
+                                  else f"{type(err).__name__}: {err}"))
+                with contextlib.suppress(OSError):
+                    atomic_write_json(out / "manifest.json", man)
+        if err is not exc:
+            raise err from None
+        raise
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _now_utc() -> str:
+    import datetime as _dt
+
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
 def _run_pilot(bases, recipe, out_dir, *, progress, merged, device, ladder, overrides, on_step) -> PilotResult:
     from .score import load_tokenizer
-    from .transfer import evaluate_transfer, summarize_transfer
 
     if not isinstance(recipe, Recipe):
         recipe = load_recipe(recipe, overrides)
@@ -300,8 +359,25 @@ def _run_pilot(bases, recipe, out_dir, *, progress, merged, device, ladder, over
                               loss_on=recipe.loss_on, chat_template=recipe.chat_template, source=str(held_path))
     d_hash = data_hash(recipe.train_path)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    vocab_warning = None
+    for c in ckpts:  # a tokenizer larger than the embedding matrix: an error if an extra id is used
+        vocab_warning = check_vocab(tokenizer, c.path, {str(recipe.train_path): examples,
+                                                        **({str(recipe.transfer["heldout"]): heldout} if heldout else {})},
+                                    error_cls=TokenizerMismatchError) or vocab_warning
 
     is_main = int(os.environ.get("RANK", "0")) == 0
+    started: dict[str, Any] = {}
+    with _pilot_writer(out, is_main, started):
+        return _pilot_body(out, bases, recipe, ckpts, examples, by_id, heldout, leakage, transfer_cfg, t_hash,
+                           tokenizer, tok_hash, d_hash, pad_id, is_main, started, merged=merged, device=device,
+                           progress=progress, on_step=on_step, vocab_warning=vocab_warning)
+
+
+def _pilot_body(out, bases, recipe, ckpts, examples, by_id, heldout, leakage, transfer_cfg, t_hash, tokenizer,
+                tok_hash, d_hash, pad_id, is_main, started, *, merged, device, progress, on_step,
+                vocab_warning) -> PilotResult:
+    from .transfer import evaluate_transfer, summarize_transfer
+
     manifests: dict[int, dict] = {}
     for seed in recipe.seeds:
         m = build_data_manifest(examples, recipe, seed=seed, tokenizer_hash=tok_hash, data_sha256=d_hash)
@@ -328,8 +404,11 @@ def _run_pilot(bases, recipe, out_dir, *, progress, merged, device, ladder, over
                                              "n_steps": manifests[s]["n_steps"],
                                              "sup_tokens": manifests[s]["total_sup_tokens"]}
                                     for s, h in m_hashes.items()})
+    if vocab_warning:
+        manifest["warnings"] = [vocab_warning]
     if is_main:
         atomic_write_json(out / "manifest.json", manifest)
+        started["manifest"] = manifest  # from here on a failure or interrupt is recorded in it
 
     fmt = prompt_formatter(tokenizer, recipe.chat_template)
     pairs = [(c, s) for c in ckpts for s in recipe.seeds]
@@ -346,6 +425,7 @@ def _run_pilot(bases, recipe, out_dir, *, progress, merged, device, ladder, over
                 and (not merged or _saved_outputs(run_dir, method=recipe.method.type, merged=True))):
             reused.append((ckpt.name, seed))
             continue
+        _check_pair_consistent(run_dir, expect)
         # Trains, resumes, or (training already complete) reloads the final state without training.
         cb = (lambda step, row, _n=ckpt.name, _s=seed: on_step(_n, _s, step, row)) if on_step else None
         res = train(ckpt.path, recipe, seed, run_dir, manifest=manifests[seed], examples=by_id, pad_id=pad_id,
@@ -381,10 +461,85 @@ def _run_pilot(bases, recipe, out_dir, *, progress, merged, device, ladder, over
     result = _collect(out, ckpts, recipe.seeds, manifest, trained, reused, summarize_transfer, is_main)
     result.reevaluated = reevaluated
     result.transfer_base = _collect_base(out, ckpts, summarize_transfer, is_main and transfer_cfg is not None)
+    invalid = _invalid_transfer(result.transfer)
+    if invalid:
+        manifest["invalid_transfer"] = invalid
     if is_main:
-        manifest["status"] = "complete"
+        manifest.update(status="complete", ended_utc=_now_utc())
         atomic_write_json(out / "manifest.json", manifest)
     return result
+
+
+def _invalid_transfer(transfer: pd.DataFrame) -> list[dict[str, Any]]:
+    """Transfer rows whose value is NaN/inf: warned, listed in the manifest, written as ``nan``/``inf``."""
+    import math
+
+    bad = [{"base": r.base, "seed": r.seed, "metric": r.metric, "value": str(r.value)}
+           for r in transfer.itertuples() if not math.isfinite(float(r.value))]
+    if bad:
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "%d pilot transfer value(s) are NaN/inf (invalid, e.g. %s seed %s %s); `select` refuses to rank them.",
+            len(bad), bad[0]["base"], bad[0]["seed"], bad[0]["metric"])
+    return bad
+
+
+def _pair_records(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """The hashes each file of a (base, seed) folder says it belongs to."""
+    keys = ("train_sha256", "manifest_sha256", "base_fingerprint")
+    recs: dict[str, dict[str, Any]] = {}
+
+    def load(p: Path):
+        try:
+            return json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
+    done = load(run_dir / "done.json")
+    if isinstance(done, dict):
+        recs["done.json"] = {k: done.get(k) for k in keys}
+    for meta in sorted((run_dir / "state").glob("*/meta.json")):
+        m = load(meta)
+        if isinstance(m, dict):
+            recs[str(meta.parent.relative_to(run_dir))] = {k: m.get(k) for k in keys}
+    lin = load(run_dir / "lineage.json")
+    if isinstance(lin, dict):
+        for seg in lin.get("segments") or []:
+            if isinstance(seg, dict) and seg.get("end_step", 0) > seg.get("start_step", 0):
+                recs[f"lineage.json segment {seg.get('segment')}"] = {k: seg.get(k) for k in keys}
+    dm = load(run_dir / "data_manifest.json")
+    if isinstance(dm, dict) and "data" in dm:
+        with contextlib.suppress(Exception):
+            recs["data_manifest.json"] = {"manifest_sha256": manifest_hash(dm)}
+    return recs
+
+
+def _check_pair_consistent(run_dir: Path, expect: dict[str, Any]) -> None:
+    """Refuse, naming the exact files to remove, a (base, seed) folder whose files belong to
+    different runs (e.g. two pilots that wrote one folder at once before the pilot lock existed)
+    when its saved state would stop this run. A folder that is merely older (same run, or done.json
+    alone differing) is left to the usual resume/retrain logic."""
+    recs = _pair_records(run_dir)
+    if not recs:
+        return
+    distinct = {json.dumps(r, sort_keys=True) for r in recs.values() if len(r) > 1}
+    dm = recs.get("data_manifest.json", {}).get("manifest_sha256")
+    mixed = len(distinct) > 1 or (dm is not None and any(r.get("manifest_sha256") not in (None, dm)
+                                                           for r in recs.values()))
+    foreign_state = any(k.startswith("state/") and any(r.get(x) != expect[x] for x in expect)
+                        for k, r in recs.items())
+    if not (mixed and foreign_state):
+        return
+    entries = sorted(p.name + ("/" if p.is_dir() else "") for p in run_dir.iterdir())
+    detail = "; ".join(f"{k}: " + ", ".join(f"{x} {str(v)[:12]}" for x, v in r.items()
+                                            if x != "base_fingerprint" and v is not None) for k, r in recs.items())
+    raise ResumeError(
+        f"{run_dir}: this pilot run folder holds files of different runs ({detail}; this run: train_sha256 "
+        f"{str(expect['train_sha256'])[:12]}, manifest_sha256 {str(expect['manifest_sha256'])[:12]}), e.g. two "
+        "pilots that wrote it at once with a probeselect older than the pilot lock. None of it can be resumed "
+        f"safely. Remove these and re-run (this pair is retrained; other pairs are kept): "
+        + " ".join(f"'{run_dir / e}'" for e in entries))
 
 
 def _evaluate_bases(ckpts, tokenizer, recipe: Recipe, out: Path, t_hash: str | None, fmt, device: str) -> None:
@@ -428,7 +583,7 @@ def _collect_base(out: Path, ckpts, summarize_transfer, write: bool) -> pd.DataF
                      for r in summarize_transfer(it).itertuples()]
     df = pd.DataFrame(rows, columns=cols)
     if write and len(df):
-        atomic_write_csv(out / "transfer_base.csv", df)
+        atomic_write_csv(out / "transfer_base.csv", df, na_rep="nan")
     return df
 
 
@@ -461,7 +616,7 @@ def _collect(out: Path, ckpts, seeds, manifest, trained, reused, summarize_trans
     transfer_items = pd.concat(items, ignore_index=True)[item_cols] if items else pd.DataFrame(columns=item_cols)
     diagnostics = pd.DataFrame(diag, columns=DIAGNOSTIC_COLUMNS)
     if is_main:
-        atomic_write_csv(out / "transfer.csv", transfer)
+        atomic_write_csv(out / "transfer.csv", transfer, na_rep="nan")  # an invalid value stays visibly invalid
         atomic_write_parquet(out / "transfer_items.parquet", transfer_items)
         atomic_write_csv(out / "diagnostics.csv", diagnostics)
     return PilotResult(transfer, transfer_items, diagnostics, out, manifest, trained, reused)

@@ -629,6 +629,9 @@ def lock_plan(plan_path: str | Path, run_dir: str | Path, *, force: bool = False
         "previous_locks": previous,
     }
     atomic_write_json(lock_path, record)
+    from ._posthoc import record as record_history
+
+    record_history(run_dir, "locked", plan_sha256=plan.sha256, plan_path=str(plan.path))  # the plan history
     return record
 
 
@@ -665,4 +668,7 @@ def check_lock(run_dir: str | Path, plan_path: str | Path | None = None) -> Lock
     if not lock.get("selection_declared", True):
         reasons.append("the locked plan had no `selection:` block, so the primary metric and decision rule were "
                        "not declared (defaults used)")
+    from ._posthoc import sticky_reasons
+
+    reasons += sticky_reasons(run_dir)  # once a selection of the run was POST-HOC, every later one is
     return LockStatus(lock=lock, plan_path=path, plan_sha256=sha, reasons=reasons)

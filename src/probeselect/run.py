@@ -72,9 +72,13 @@ class RunResult:
     report: Path | None = None
 
 
+#: Config keys whose override value is a path, taken literally (``ladder`` also takes a {toy: ...} mapping).
+_PATH_KEYS = frozenset({"out", "ladder", "plan", "pilot.recipe", "confirm.recipe", "score.heldout", "average.out"})
+
+
 def _apply_overrides(raw: dict, overrides: Sequence[str], src: str) -> dict:
     return apply_dotted_overrides(
-        raw, overrides, top_keys=_TOP_KEYS, error_cls=RunConfigError, example="confirm.top=2",
+        raw, overrides, top_keys=_TOP_KEYS, error_cls=RunConfigError, example="confirm.top=2", path_keys=_PATH_KEYS,
         unknown_key_message=lambda ov, top: f"{src}: override {ov!r}: unknown key {top!r}.{did_you_mean(top, _TOP_KEYS)}")
 
 
@@ -88,6 +92,40 @@ def _substitute(obj: Any, subs: dict[str, str]) -> Any:
     if isinstance(obj, dict):
         return {k: _substitute(v, subs) for k, v in obj.items()}
     return obj
+
+
+def _check_substituted_override(src: str, section: str, ov: str, subs: dict[str, str]) -> None:
+    """A recipe override whose value is parsed as YAML (not a path key) must still hold every
+    substituted path whole: ``[{run}/items.jsonl]`` with ``{run}`` = ``/data/lad #1`` would be cut at
+    ``#``. Path keys (``data.train=...``) are taken literally by the recipe, so they are always safe."""
+    import yaml
+
+    from .sft.recipe import PATH_KEYS
+
+    key, sep, text = str(ov).partition("=")
+    if not sep or key.strip() in PATH_KEYS:
+        return
+    used = [v for v in subs.values() if v in text]
+    if not used:
+        return
+
+    def leaves(x):
+        if isinstance(x, dict):
+            return [s for v in x.values() for s in leaves(v)]
+        if isinstance(x, list):
+            return [s for v in x for s in leaves(v)]
+        return [str(x)]
+
+    try:
+        got = leaves(yaml.safe_load(text))
+    except yaml.YAMLError:
+        got = []
+    for v in used:
+        if not any(v in g for g in got):
+            raise RunConfigError(
+                f"{src}: {section}.overrides: {ov!r}: after substituting the path {v!r}, the value no longer reads "
+                "as written (it is parsed as YAML, and the path's characters cut it). Quote the value, e.g. "
+                f"{key.strip()}=['{{run}}/items.jsonl'], or rename the folder.")
 
 
 def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
@@ -162,7 +200,11 @@ def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str
         if not isinstance(v.get("overrides", []) or [], list):
             raise RunConfigError(f"{src}: {k}.overrides must be a list of key=value strings.")
     run_dir = out / "score"
-    cfg = _substitute(cfg, {"out": str(out), "ladder": str(ladder_dir), "run": str(run_dir)})
+    subs = {"out": str(out), "ladder": str(ladder_dir), "run": str(run_dir)}
+    cfg = _substitute(cfg, subs)
+    for k in ("pilot", "confirm"):
+        for ov in (cfg.get(k) or {}).get("overrides") or []:
+            _check_substituted_override(src, k, ov, subs)
     cfg["_paths"] = {"out": str(out), "ladder": str(ladder_dir), "run": str(run_dir), "config": src}
     return cfg
 
@@ -430,6 +472,13 @@ def run_pipeline(config: str | Path, *, overrides: Sequence[str] = (), force: Se
     ]
 
     out.mkdir(parents=True, exist_ok=True)
+    from ._io import RunLock
+
+    with RunLock(out, error_cls=RunConfigError):  # one `probeselect run` per OUT folder
+        return _run_stages(stages, out, run, paths, overrides, forced, plan, log)
+
+
+def _run_stages(stages, out: Path, run: Path, paths: dict, overrides, forced: set, plan: Path, log) -> RunResult:
     state = _load_state(out)
     state["config"] = {"path": paths["config"], "sha256": sha256_file(Path(paths["config"])),
                        "overrides": list(overrides)}

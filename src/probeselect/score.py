@@ -251,7 +251,11 @@ def load_model(path: Path, dtype: torch.dtype, device: torch.device):
             f"{path}: failed to load the model: {len(keys)} {what} weight tensor(s) (e.g. {keys[0]}); "
             "the weights do not match config.json. Re-save or re-copy the checkpoint."
         )
-    return model.to(device).eval()
+    from ._guards import note_nonfinite_weights
+
+    model = model.to(device).eval()
+    note_nonfinite_weights(model, path)  # NaN/inf weights (checked on the device): warned, recorded for the manifest
+    return model
 
 
 def _item_rows(items: Sequence[ProbeItem]) -> list[dict]:
@@ -1189,6 +1193,9 @@ def _complete_manifest(manifest: dict, ladder: _Ladder, fams: list[str], units, 
     manifest["complete"] = [{"checkpoint": c.name, "family": f} for c in ckpts if c.name not in failed for f in fams]
     manifest["failed"] = [{"checkpoint": n, "error": e} for n, e in failed.items()]
     manifest["status"] = "complete" if not failed else "incomplete"
+    from ._guards import nonfinite_checkpoints
+
+    manifest["nonfinite"] = nonfinite_checkpoints(tables.scores, ckpts)  # NaN/inf weights or scores: warned, report flags
     manifest["scored_now"] = [c.name for c in ckpts if c.name in scored]
     manifest["n_checkpoints_found"] = ladder.n_found
     manifest["units"] = {"total": len(units), "from_cache": gathered.n_cached,

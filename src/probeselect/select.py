@@ -83,6 +83,7 @@ from .metrics import oriented
 # min_p_best_of_m / smallest_beatable_k live with the plan (the lock checks the null's strength); re-exported.
 from .plan import (LOCK_NAME, SelectionPlan, SelectionSpec, check_lock, load_selection_plan, min_p_best_of_m,  # noqa: F401
                    smallest_beatable_k)
+from ._posthoc import read_history, record as record_history, retire_selection
 
 __all__ = ["PilotTables", "Ranking", "SelectionResult", "NullDistribution", "TopComparison", "load_pilot_tables",
            "rank_bases", "compare_top", "base_intervals", "posterior_draws", "proxy_validation", "best_of_m_null",
@@ -116,6 +117,7 @@ def load_pilot_tables(out_dir: str | Path) -> PilotTables:
     if not need <= set(transfer.columns):
         raise SelectionError(f"{tp}: expected columns {sorted(need)}, got {list(transfer.columns)}.")
     transfer["base"] = transfer["base"].astype(str)
+    _refuse_nonfinite(transfer, tp)
     ip = out / "transfer_items.parquet"
     items = pd.read_parquet(ip) if ip.is_file() else None
     if items is not None:
@@ -126,6 +128,17 @@ def load_pilot_tables(out_dir: str | Path) -> PilotTables:
     dp = out / "diagnostics.csv"
     diag = pd.read_csv(dp) if dp.is_file() else None
     return PilotTables(out, transfer, items, diag)
+
+
+def _refuse_nonfinite(transfer: pd.DataFrame, path: Path) -> None:
+    """A NaN/inf transfer value is invalid, never a number a base could be ranked on."""
+    v = pd.to_numeric(transfer["value"], errors="coerce").astype(float)
+    bad = transfer[~np.isfinite(v.to_numpy())]
+    if len(bad):
+        shown = "; ".join(f"{r.base} seed {r.seed} {r.metric} = {r.value}" for r in bad.head(5).itertuples())
+        raise SelectionError(f"{path}: {len(bad)} transfer value(s) are invalid (NaN/inf or empty): {shown}. A base "
+                             "whose training or evaluation went nonfinite cannot be ranked; fix or drop it (see the "
+                             "pilot's diagnostics.csv and train_log.jsonl) and re-run the pilot.")
 
 
 # ---------------------------------------------------------------------------
@@ -700,14 +713,23 @@ def select(run_dir: str | Path, *, plan_path: str | Path | None = None, pilot_di
 
     Raises :class:`SelectionError` without a lock (``probeselect plan lock``), and
     :class:`PostHocError` when the selection would be post-hoc and ``allow_post_hoc`` is
-    False. With ``allow_post_hoc`` every output is marked POST-HOC.
+    False. With ``allow_post_hoc`` every output is marked POST-HOC. POST-HOC is sticky: once a
+    selection of the run was post-hoc, every later one is (``plan_history.jsonl``, see
+    :mod:`probeselect._posthoc`). A refused selection moves the previous ``selection.json``/
+    ``.csv`` to ``superseded/<UTC time>/``, so no report presents a stale predeclared selection.
     """
     run_dir = Path(run_dir)
     status = check_lock(run_dir, plan_path)
     if status.post_hoc and not allow_post_hoc:
+        # no stale (predeclared) selection may stay next to a refusal for a later report to present
+        moved = retire_selection(run_dir)
+        record_history(run_dir, "select_refused", plan_sha256=status.plan_sha256, plan_path=str(status.plan_path),
+                       post_hoc=True, reasons=status.reasons)
         raise PostHocError("this selection would be POST-HOC: " + "; ".join(status.reasons) +
                            ". Pass --allow-post-hoc to select anyway (every output is then marked POST-HOC), or start "
-                           "a fresh run with the plan locked before the pilot.")
+                           "a fresh run with the plan locked before the pilot." +
+                           (f" The previous selection was moved to {moved[0]} so that no report presents it as "
+                            "current." if moved else ""))
     plan = load_selection_plan(status.plan_path)
     spec = plan.selection
     tables = load_pilot_tables(pilot_dir if pilot_dir is not None else run_dir / "pilot")
@@ -726,6 +748,8 @@ def select(run_dir: str | Path, *, plan_path: str | Path | None = None, pilot_di
     notes += pnotes
     diag_flags = _diag_flags(tables.diagnostics)
     post_hoc = status.post_hoc
+    record_history(run_dir, "select", plan_sha256=plan.sha256, plan_path=str(plan.path), post_hoc=post_hoc,
+                   reasons=status.reasons)
     table = ranking.table.copy()
     table.insert(1, "verdict", ranking.verdict)
     table["post_hoc"] = post_hoc
@@ -744,6 +768,7 @@ def select(run_dir: str | Path, *, plan_path: str | Path | None = None, pilot_di
         lock={"locked_utc": status.lock.get("locked_utc"), "plan_sha256": status.lock.get("plan_sha256"),
               "sha256": sha256_file(run_dir / LOCK_NAME),
               "outcome_files_at_lock": status.lock.get("outcome_files_at_lock", [])},
+        plan_history=read_history(run_dir),
         selection_plan=spec.to_dict(),
         decision=ranking.summary(spec) | {"level": spec.level},
         n_sft_seeds=len(ranking.seeds),

@@ -618,7 +618,8 @@ def summarize_transfer(items: pd.DataFrame) -> pd.DataFrame:
 
     ``value`` is the weighted mean ``sum(value * weight) / sum(weight)``: total nats / total
     tokens for ``heldout_loss``, total bits / total bytes for ``sft_heldout_bpb`` and the item
-    mean for the other metrics (their weight is 1). A table without a ``weight`` column
+    mean for the other metrics (their weight is 1). One NaN/inf item value makes the metric's
+    value NaN/inf: an invalid value, never a number. A table without a ``weight`` column
     is accepted only if it holds no held-out metric (an item mean of per-item losses would
     be biased towards short responses). Metrics follow :data:`METRICS` order, unknown ones
     after them alphabetically.
@@ -642,5 +643,7 @@ def summarize_transfer(items: pd.DataFrame) -> pd.DataFrame:
     for m in known + other:
         g = df[df["metric"] == m]
         w = g["weight"].astype(float)
-        rows.append({"metric": m, "value": float((g["value"].astype(float) * w).sum() / w.sum()), "n": len(g)})
+        # skipna=False: a NaN/inf item value makes the metric NaN/inf (invalid), never a silently smaller sum
+        rows.append({"metric": m, "value": float((g["value"].astype(float) * w).sum(skipna=False) / w.sum()),
+                     "n": len(g)})
     return pd.DataFrame(rows, columns=cols)

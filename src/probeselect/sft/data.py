@@ -2,7 +2,9 @@
 
 Rows come from a JSONL file, a parquet file or a saved ``datasets`` folder, each row either
 ``{"id", "prompt", "response"}`` or ``{"id", "messages": [{"role", "content"}, ...]}``
-(``id`` optional: ``<file stem>:<row index>`` otherwise).
+(``id`` optional: ``<file stem>:<row index>`` otherwise). Chat roles must be ``system``,
+``user`` or ``assistant`` (:data:`CHAT_ROLES`); any other role is refused naming the file
+and line (or row), not left to the template.
 
 Encoding (plain, no chat template): ``BOS + prompt`` then the response tokens taken as
 ``encode(prompt + response)[len(encode(prompt)):]`` (the boundary tokenizes as in running
@@ -45,6 +47,7 @@ class EncodedExample:
 def load_rows(path: str | Path) -> list[dict[str, Any]]:
     """Read SFT rows from JSONL, parquet or a ``datasets.save_to_disk`` folder; every row gets an ``id``."""
     path = Path(path)
+    lines: list[int] = []  # JSONL: the file line of each row
     if not path.exists():
         raise SFTDataError(f"{path}: SFT data not found. Point data.train at a JSONL/parquet file or a saved "
                            "datasets folder.")
@@ -73,6 +76,7 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
                     continue
                 try:
                     rows.append(json.loads(line))
+                    lines.append(n)
                 except json.JSONDecodeError as exc:
                     raise SFTDataError(f"{path}: line {n}: invalid JSON ({exc.msg}). Fix the line.") from None
     else:
@@ -89,11 +93,36 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
         if not has_pr and "messages" not in r:
             raise SFTDataError(f"{path}: row {i} has neither prompt/response nor messages (keys: {sorted(r)}).")
         rid = str(r["id"]) if r.get("id") is not None else f"{path.stem}:{i}"
+        if r.get("messages") is not None and "prompt" not in r:  # the rows encoded as a conversation
+            _check_roles(r.get("messages"), f"{path}: " + (f"line {lines[i]}" if lines else f"row {i}") +
+                         f" (id {rid!r})")
         if rid in seen:
             raise SFTDataError(f"{path}: duplicate id {rid!r}; ids must be unique (the data manifest refers to them).")
         seen.add(rid)
         out.append({**r, "id": rid})
     return out
+
+
+#: Chat roles the SFT encoder handles: assistant turns are supervised, system and user turns are context.
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+def _check_roles(messages: Any, where: str) -> None:
+    """Refuse a conversation with a role the encoder does not handle (e.g. ``tool``, ``function``,
+    ``Assistant``): a chat template may render it silently as another role or drop it, and
+    whether its tokens are supervised would be undefined."""
+    if messages is None:
+        return
+    if hasattr(messages, "tolist"):  # a parquet/datasets column: numpy array of dicts
+        messages = messages.tolist()
+    if not isinstance(messages, list) or not messages:
+        raise SFTDataError(f"{where}: messages must be a non-empty list of {{role, content}}.")
+    for k, m in enumerate(messages):
+        role = m.get("role") if isinstance(m, dict) else None
+        if role not in CHAT_ROLES:
+            raise SFTDataError(f"{where}: message {k} has role {role!r}; supported roles are "
+                               f"{', '.join(CHAT_ROLES)} (assistant turns are trained on, the others are context). "
+                               "Map it to one of them or drop the row.")
 
 
 def data_hash(path: str | Path) -> str:

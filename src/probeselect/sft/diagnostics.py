@@ -67,19 +67,51 @@ def summarize_layer_norms(norms: dict[str, float]) -> dict[str, Any]:
             "argmax": max(norms, key=norms.get)}
 
 
+#: Consistency constant of the MAD for a normal distribution (MAD * 1.4826 estimates the sd).
+_MAD_SD = 1.4826
+
+
+def step_noise(losses: Sequence[float]) -> float | None:
+    """Robust sd of one step's loss around the trend: ``1.4826 * MAD(successive differences) / sqrt(2)``.
+
+    Differences of consecutive losses remove a slow trend (the falling SFT loss); each is the
+    difference of two independent batch-noise draws, hence the ``sqrt(2)``. The MAD ignores the
+    rare spike itself. None with fewer than 3 losses.
+    """
+    x = np.asarray([v for v in losses if math.isfinite(v)], dtype=float)
+    if x.size < 3:
+        return None
+    d = np.diff(x)
+    return float(_MAD_SD * np.median(np.abs(d - np.median(d))) / math.sqrt(2))
+
+
 class SpikeDetector:
-    """Flag a loss above the rolling median of the previous ``window`` losses by more than
-    ``threshold`` (nats). Nothing is flagged before ``min_history`` finite losses exist."""
+    """Flag a loss that stands out from the run's own step-to-step noise.
+
+    A step is a spike when its loss exceeds the rolling median of the previous ``window``
+    finite losses by more than ``max(threshold, z * noise)``, where ``noise`` is the robust sd
+    of the loss from batch to batch (:func:`step_noise` over the same window). The fixed
+    ``threshold`` (nats) alone would flag ordinary noise whenever batches are small enough
+    that their mean loss varies by more than it; ``z`` (default 6) makes the rule relative
+    to each run's own noise, so a healthy run flags (almost) nothing and a jump of several
+    noise widths is still caught. Nothing is flagged before ``min_history`` finite losses exist.
+    ``last_margin`` holds the margin applied at the last step (None before ``min_history``).
+    """
 
     def __init__(self, window: int = 201, threshold: float = 0.1, min_history: int = 10,
-                 history: Sequence[float] = ()):
-        self.window, self.threshold, self.min_history = window, threshold, min_history
+                 history: Sequence[float] = (), z: float = 6.0):
+        self.window, self.threshold, self.min_history, self.z = window, threshold, min_history, z
         self.history: deque[float] = deque((x for x in history if math.isfinite(x)), maxlen=window)
+        self.last_margin: float | None = None
 
     def update(self, loss: float) -> tuple[bool, float | None]:
         """Return ``(is_spike, rolling_median_before_this_step)``, then add ``loss`` to the history."""
-        med = float(np.median(self.history)) if len(self.history) >= self.min_history else None
-        spike = med is not None and math.isfinite(loss) and loss > med + self.threshold
+        med, self.last_margin = None, None
+        if len(self.history) >= self.min_history:
+            med = float(np.median(self.history))
+            noise = step_noise(self.history) or 0.0
+            self.last_margin = max(self.threshold, self.z * noise)
+        spike = med is not None and math.isfinite(loss) and loss > med + self.last_margin
         if math.isfinite(loss):
             self.history.append(loss)
         return spike, med

@@ -24,7 +24,7 @@ Supported accelerate setups: one process or plain DDP (see :func:`_check_acceler
 Logged per optimizer step to ``train_log.jsonl``: loss (nats per supervised token),
 grad_norm_preclip, clip_coef, clipped, nonfinite, skipped, scaler_retries, sup_tokens, lr, update_norm
 (L2 of the actual change of the trainable parameters), layer_grad_norms
-(min/median/max/argmax over layers) and spike. Full-state checkpoints go to ``state/``
+(min/median/max/argmax over layers), spike and spike_margin (see diagnostics.SpikeDetector). Full-state checkpoints go to ``state/``
 and every (re)start is a segment in ``lineage.json``.
 """
 
@@ -290,7 +290,7 @@ def train(base: str | Path, recipe: Recipe, seed: int, run_dir: str | Path, *, m
     write_lineage()
 
     spikes = SpikeDetector(recipe.spike_window, recipe.spike_threshold, recipe.spike_min_history,
-                           [r["loss"] for r in rows])
+                           [r["loss"] for r in rows], z=recipe.spike_z)
     mbs = opt_cfg.micro_batch_size
     dev = acc.device
     bar = tqdm(total=n_steps, initial=cursor, desc=desc or run_dir.name, unit="step", leave=False,
@@ -351,7 +351,11 @@ def train(base: str | Path, recipe: Recipe, seed: int, run_dir: str | Path, *, m
         layer = summarize_layer_norms(layer_norms)
         nonfinite = not (math.isfinite(norm) and math.isfinite(loss))
         skipped, clip_coef, clipped, update_norm = False, 1.0, False, 0.0
-        if nonfinite and recipe.nonfinite == "fail":
+        # Before any update the model is the base itself: a nonfinite loss there is the base's fault.
+        base_broken = (_base_forward_nonfinite(raw_model, base, recipe)
+                       if nonfinite and not math.isfinite(loss) and not any(not r.get("skipped") for r in rows)
+                       else None)
+        if nonfinite and (recipe.nonfinite == "fail" or (base_broken and base_broken[0])):
             optimizer.zero_grad(set_to_none=True)
             set_rng_state(pre_rng)
             if pre_scaler is not None:
@@ -370,6 +374,10 @@ def train(base: str | Path, recipe: Recipe, seed: int, run_dir: str | Path, *, m
             segment.update(status="failed", end_step=s, ended_utc=_now())
             write_lineage()
             bar.close()
+            if base_broken:
+                raise NonfiniteGradientError(
+                    f"{run_dir}: optimizer step {s + 1}: {base_broken[1]} (loss {loss}, before any update). The "
+                    f"batch is not the cause; nothing was trained (state before the step: {where}).")
             raise NonfiniteGradientError(
                 f"{run_dir}: optimizer step {s + 1}: nonfinite {what} (loss {loss}, pre-clip norm {norm}). Batch ids "
                 f"saved to {run_dir / 'nonfinite_batch.json'}, the state before the step to {where} (latest.json "
@@ -401,7 +409,7 @@ def train(base: str | Path, recipe: Recipe, seed: int, run_dir: str | Path, *, m
         row = {"step": s + 1, "segment": seg_id, "loss": loss, "grad_norm_preclip": norm, "clip_coef": clip_coef,
                "clipped": clipped, "nonfinite": nonfinite, "skipped": skipped, "scaler_retries": retries,
                "sup_tokens": n_sup, "lr": lr, "update_norm": update_norm, "layer_grad_norms": layer, "spike": spike,
-               "loss_median_prev": median}
+               "loss_median_prev": median, "spike_margin": spikes.last_margin}
         if recipe.eval_every and heldout and ((s + 1) % recipe.eval_every == 0 or s + 1 == n_steps):
             if is_main:
                 row["heldout_loss"] = heldout_loss(raw_model, heldout, pad_id=pad_id, device=dev)
@@ -418,10 +426,30 @@ def train(base: str | Path, recipe: Recipe, seed: int, run_dir: str | Path, *, m
         if on_step is not None:
             on_step(s + 1, row)
     bar.close()
+    if rows and all(r.get("skipped") for r in rows):  # not one update: the "trained" model is the base
+        segment.update(status="failed", ended_utc=_now(), seconds=seconds, sup_tokens=seg_tokens)
+        write_lineage()
+        raise NonfiniteGradientError(
+            f"{run_dir}: all {len(rows)} optimizer steps were nonfinite and skipped (diagnostics.nonfinite=skip); "
+            f"no update was applied, so this run is failed, not a result. Check the base {base} (`probeselect "
+            "score` on it) and the steps in train_log.jsonl.")
     segment.update(status="complete", ended_utc=_now(), seconds=seconds, sup_tokens=seg_tokens)
     write_lineage()
     raw_model.eval()
     return TrainResult(run_dir, raw_model, rows, _summary(rows, lineage), lineage, is_main, dev, n_steps - cursor)
+
+
+def _base_forward_nonfinite(model, base, recipe: Recipe) -> tuple[bool, str]:
+    """Why a nonfinite loss before any update is the base's own: ``(weights broken, message)``."""
+    from .._guards import nonfinite_params
+
+    bad = nonfinite_params(model)
+    if bad:
+        return True, (f"the base's own forward pass is nonfinite before any update: {len(bad)} weight tensor(s) of "
+                      f"the base {base} hold NaN/inf (e.g. {bad[0]}). The checkpoint is broken; re-copy or re-save "
+                      "it, or drop it from the bases")
+    return False, (f"the base's own forward pass is nonfinite before any update (the weights of {base} are finite: "
+                   f"check its config/dtype, e.g. precision={recipe.precision} overflow, and this batch)")
 
 
 def _summary(rows: list[dict[str, Any]], lineage: list[dict[str, Any]]) -> dict[str, Any]:

@@ -38,7 +38,8 @@ _DEFAULTS: dict[str, Any] = {
     },
     "method": {"type": "lora"},
     "eval": {"every": 0, "max_items": 256},
-    "diagnostics": {"spike_window": 201, "spike_threshold": 0.1, "spike_min_history": 10, "nonfinite": "fail"},
+    "diagnostics": {"spike_window": 201, "spike_threshold": 0.1, "spike_min_history": 10, "spike_z": 6.0,
+                    "nonfinite": "fail"},
     "checkpointing": {"every": 0, "keep": 2},
     "precision": "fp32",
     "transfer": {},
@@ -56,7 +57,7 @@ _SECTIONS = {
     "method": {"type", "r", "alpha", "dropout", "target_modules"},
     "seeds": None,
     "eval": {"every", "max_items"},
-    "diagnostics": {"spike_window", "spike_threshold", "spike_min_history", "nonfinite"},
+    "diagnostics": {"spike_window", "spike_threshold", "spike_min_history", "spike_z", "nonfinite"},
     "checkpointing": {"every", "keep"},
     "precision": None,
     "transfer": None,  # validated by probeselect.transfer
@@ -134,6 +135,7 @@ class Recipe:
     spike_window: int
     spike_threshold: float
     spike_min_history: int
+    spike_z: float  # a spike exceeds the rolling median by > max(spike_threshold, spike_z x the run's step noise)
     nonfinite: str
     checkpoint_every: int
     checkpoint_keep: int
@@ -156,10 +158,16 @@ def _merge(defaults: dict, given: dict) -> dict:
     return out
 
 
+#: Recipe keys whose override value is a path or free text, taken literally (not parsed as YAML).
+PATH_KEYS = frozenset({"data.train", "data.chat_template", "transfer.tasks", "transfer.robustness",
+                       "transfer.heldout", "name"})
+
+
 def apply_overrides(raw: dict, overrides: Sequence[str], *, source: str = "<recipe>") -> dict:
-    """Return a copy of ``raw`` with ``a.b=value`` overrides applied (values parsed as YAML)."""
+    """Return a copy of ``raw`` with ``a.b=value`` overrides applied (values parsed as YAML,
+    except the paths of :data:`PATH_KEYS`, taken literally)."""
     return apply_dotted_overrides(
-        raw, overrides, top_keys=_SECTIONS, error_cls=RecipeError, example="optimizer.lr=1e-3",
+        raw, overrides, top_keys=_SECTIONS, error_cls=RecipeError, example="optimizer.lr=1e-3", path_keys=PATH_KEYS,
         unknown_key_message=lambda ov, top: (f"override {ov!r}: unknown recipe key {top!r}."
                                              f"{did_you_mean(top, _SECTIONS)} Known keys: {', '.join(_SECTIONS)}."))
 
@@ -333,6 +341,7 @@ def recipe_from_dict(given: Any, *, source: str = "<recipe>", check_files: bool 
         spike_window=_int(src, "diagnostics.spike_window", dg["spike_window"], minimum=1),
         spike_threshold=_float(src, "diagnostics.spike_threshold", dg["spike_threshold"], minimum=0.0),
         spike_min_history=_int(src, "diagnostics.spike_min_history", dg["spike_min_history"], minimum=1),
+        spike_z=_float(src, "diagnostics.spike_z", dg["spike_z"], minimum=0.0),
         nonfinite=_choice(src, "diagnostics.nonfinite", dg["nonfinite"], ("fail", "skip")),
         checkpoint_every=_int(src, "checkpointing.every", ck["every"], minimum=0),
         checkpoint_keep=_int(src, "checkpointing.keep", ck["keep"], minimum=1),
