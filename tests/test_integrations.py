@@ -27,13 +27,13 @@ class _Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.x[i], "labels": self.x[i].clone()}
 
 
-def _trainer(tmp_path, ckpt, steps=4, save_steps=2):
+def _trainer(tmp_path, ckpt, steps=4, save_steps=2, report_to=()):
     from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
 
     tok = AutoTokenizer.from_pretrained(ckpt)
     model = AutoModelForCausalLM.from_pretrained(ckpt)
     args = TrainingArguments(output_dir=str(tmp_path / "train"), max_steps=steps, save_steps=save_steps,
-                             save_strategy="steps", per_device_train_batch_size=4, logging_steps=1, report_to=[],
+                             save_strategy="steps", per_device_train_batch_size=4, logging_steps=1, report_to=list(report_to),
                              use_cpu=True, disable_tqdm=True, save_only_model=True, seed=0)
     return Trainer(model=model, args=args, train_dataset=_Tokens(len(tok)), processing_class=tok)
 
@@ -83,3 +83,26 @@ def test_score_checkpoint_now_reports_a_deleted_checkpoint(tmp_path, arith_spec)
                                 echo=lines.append, **FAST) is None
     assert "checkpoint-9" in json.loads((tmp_path / "run" / "watch" / "state.json").read_text())["vanished"]
     assert "deleted before it was scored" in lines[0]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None,
+                    reason="the tensorboard package is not installed (pip install 'probeselect[tensorboard]')")
+def test_callback_probe_scalars_reach_tensorboard_via_report_to(tmp_path, ladder_checkpoints, arith_spec, monkeypatch):
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "train" / "tb"))  # transformers 5; older: runs/
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    trainer = _trainer(tmp_path, ladder_checkpoints[-1], report_to=["tensorboard"])
+    add_probe_callback(trainer, [arith_spec], tmp_path / "run", **FAST)
+    trainer.train()
+    summary = pd.read_csv(tmp_path / "run" / "summary.csv")
+    events = sorted((tmp_path / "train").rglob("events.out.tfevents.*"))
+    assert events, "report_to=tensorboard wrote no event files"
+    ea = EventAccumulator(str(events[0].parent))
+    ea.Reload()
+    v = str(summary.loc[summary["family"] == "arith_pattern", "variant"].iloc[0])
+    got = [(e.step, e.value) for e in ea.Scalars(f"train/probes/arith_pattern/{v}/margin")] \
+        if f"train/probes/arith_pattern/{v}/margin" in ea.Tags()["scalars"] else \
+        [(e.step, e.value) for e in ea.Scalars(f"probes/arith_pattern/{v}/margin")]
+    want = summary[(summary["family"] == "arith_pattern") & (summary["variant"].astype(str) == v)]
+    assert [s for s, _ in got] == [2, 4]
+    assert [x for _, x in got] == pytest.approx(want.sort_values("step")["mean_margin"].tolist(), rel=1e-6)
