@@ -192,3 +192,40 @@ def test_on_alert_command_gets_the_alert_json(tmp_path, arith_spec):
                                                                      "end_step": 40, "planted": "parrot"}]}
     wt._raise(alert)
     assert json.loads(got.read_text()) == alert
+
+
+def test_watch_cli_ctrl_c_then_resume_scores_each_checkpoint_once(tmp_path, ladder_checkpoints):
+    import os
+    import signal
+    import time
+
+    src = tmp_path / "ckpts"
+    src.mkdir()
+    names = [p.name for p in ladder_checkpoints[:3]]
+    for p in ladder_checkpoints[:3]:
+        shutil.copytree(p, src / p.name)
+    spec = tmp_path / "arith.yaml"
+    spec.write_text("family: arith_pattern\nn_items: 6\nn_demos: 4\n")
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "probeselect", "watch", str(src), "--probes", str(spec), "--out", str(run),
+           "--seeds", "0", "1", "--every", "0.1", "--idle-exit", "0.01", "--audit-items", "0", "--no-report",
+           "--device", "cpu"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list((run / "cache").glob("*/*.parquet")):
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)  # Ctrl-C in the middle of scoring
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err[-2000:]
+    assert "re-run the same command to resume" in err
+    done_before = [r["checkpoint"] for r in _log(run)]
+    p2 = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert p2.returncode == 0, p2.stderr[-2000:]
+    log = _log(run)
+    assert sorted(r["checkpoint"] for r in log) == sorted(names)  # each exactly once across the two runs
+    assert [r["checkpoint"] for r in log][: len(done_before)] == done_before
+    # the work units saved before Ctrl-C were read back, not scored again
+    assert json.loads((run / "manifest.json").read_text())["units"]["from_cache"] >= 1
+    for n in names[len(done_before):]:
+        assert f"[watch] {n} (step " in p2.stdout
