@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import logging
 import math
 import os
 import shutil
@@ -88,6 +89,11 @@ __all__ = ["Watcher", "WatchResult", "checkpoint_ready", "folder_snapshot", "che
 #: Files whose presence says the writer finished the folder (still checked by rule 1).
 MARKERS = ("trainer_state.json", "probeselect_checkpoint.json")
 _OWN_DOWNSTREAM = ("dynamics", "report.md", "report.html")  # rewritten by the watcher after every score
+
+
+class _DropSupersedeWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("the scores changed: moved")
 
 
 def _now() -> str:
@@ -401,7 +407,13 @@ class Watcher:
             return res
         t0 = time.perf_counter()
         ckpts = self._scored_list(new)
-        sres = score_checkpoints(ckpts, self.probes, out=self.out, keep_going=True, **self.score_kwargs)
+        quiet = _DropSupersedeWarning()
+        slog = logging.getLogger("probeselect.score")
+        slog.addFilter(quiet)  # the watcher rewrites dynamics/ and the report itself; it reports other moves
+        try:
+            sres = score_checkpoints(ckpts, self.probes, out=self.out, keep_going=True, **self.score_kwargs)
+        finally:
+            slog.removeFilter(quiet)
         self._clean_superseded(sres.superseded)
         secs = time.perf_counter() - t0
         for name, err in sres.failed.items():
@@ -489,7 +501,10 @@ class Watcher:
 
     def _clean_superseded(self, paths: list[str]) -> None:
         for p in map(Path, paths):
-            if p.name in _OWN_DOWNSTREAM:
+            if p.name not in _OWN_DOWNSTREAM:
+                self.echo(f"[watch] note: the scores changed; moved the previous {p.name} to {p.parent}/ "
+                          "(re-run that stage on the new scores)")
+            else:
                 shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
                 try:
                     p.parent.rmdir()  # the stamp folder, when nothing else was moved there
