@@ -106,3 +106,49 @@ def test_callback_probe_scalars_reach_tensorboard_via_report_to(tmp_path, ladder
     want = summary[(summary["family"] == "arith_pattern") & (summary["variant"].astype(str) == v)]
     assert [s for s, _ in got] == [2, 4]
     assert [x for _, x in got] == pytest.approx(want.sort_values("step")["mean_margin"].tolist(), rel=1e-6)
+
+
+_TWO_RANKS = """
+import json, os, sys
+import torch.distributed as dist
+dist.init_process_group("gloo")
+from probeselect.integrations import score_checkpoint_now
+from probeselect.probes import spec_from_dict
+spec = spec_from_dict({"family": "arith_pattern", "n_items": 6, "n_demos": 4})
+m = score_checkpoint_now(sys.argv[1], sys.argv[2], [spec], sys.argv[3], seeds=(0, 1), audit_items=0, plots=False,
+                         device="cpu", echo=lambda s: None)
+open(os.path.join(sys.argv[4], f"rank{dist.get_rank()}.json"), "w").write(json.dumps(m))
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_only_rank_zero_scores_under_two_processes(tmp_path, ladder_checkpoints):
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = tmp_path / "ckpts"
+    src.mkdir()
+    ck = ladder_checkpoints[1]
+    import shutil
+
+    shutil.copytree(ck, src / ck.name)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+        procs.append(subprocess.Popen([sys.executable, "-c", _TWO_RANKS, str(src), ck.name, str(tmp_path / "run"),
+                                       str(tmp_path)], env=env))
+    assert [p.wait(timeout=300) for p in procs] == [0, 0]
+    m0 = json.loads((tmp_path / "rank0.json").read_text())
+    m1 = json.loads((tmp_path / "rank1.json").read_text())
+    assert m1 is None and m0 and m0["probes/checkpoint_step"] == float(ck.name.split("-")[-1])
+    log = (tmp_path / "run" / "watch" / "log.jsonl").read_text().splitlines()
+    assert len(log) == 1  # scored once, by rank 0

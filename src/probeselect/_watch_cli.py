@@ -11,7 +11,7 @@ def _cmd_watch(args: argparse.Namespace) -> int:
 
     w = Watcher(args.ckpt_dir, args.probes, args.out, every=args.every, until_step=args.until_step,
                 idle_exit=args.idle_exit, on_alert=args.on_alert, bpb_tolerance=args.bpb_tolerance,
-                report=not args.no_report, seeds=args.seeds, heldout=args.heldout, heldout_stride=args.heldout_stride,
+                report=not args.no_report, lineage=args.lineage, seeds=args.seeds, heldout=args.heldout, heldout_stride=args.heldout_stride,
                 device=args.device, dtype=args.dtype, audit_items=args.audit_items,
                 max_batch_tokens=args.max_batch_tokens)
     print(f"[watch] watching {args.ckpt_dir} every {args.every:g}s -> {args.out} (Ctrl-C stops; the same command "
@@ -54,6 +54,9 @@ def add_parsers(sub) -> None:
                    help="shell command run once per alert with the alert's JSON on stdin")
     w.add_argument("--bpb-tolerance", type=float, default=0.0, metavar="BITS",
                    help="held-out bits per byte may rise by this much before an alert (default 0)")
+    w.add_argument("--lineage", default=None, metavar="FILE",
+                   help="data windows for the alerts: data_lineage.json or a CSV start_step,end_step,window[,planted] "
+                        "(default: data_lineage.json next to the checkpoints, once it exists)")
     w.add_argument("--heldout", default=None, metavar="FILE", help="held-out text for the bits-per-byte track")
     w.add_argument("--heldout-stride", type=int, default=None, help="tokens between held-out windows")
     w.add_argument("--audit-items", type=int, default=50, help="generative audit items per family (0 disables)")

@@ -21,7 +21,10 @@ raised by that checkpoint; they are in ``RUN/alerts.jsonl``).
   ``on_train_end`` the callback waits for the queue (``wait_at_end``) and logs the rest.
 
 Only the world process zero scores: ``TrainerState.is_world_process_zero``, else
-``torch.distributed``'s rank, else ``$RANK`` (:func:`is_rank_zero`). ``Trainer.log`` needs
+``torch.distributed``'s rank, else ``$RANK`` (:func:`is_rank_zero`). Under a multi-process
+launch (``WORLD_SIZE`` > 1) in-process scoring runs in a single-process child too (waited
+for), because :func:`probeselect.score.score_checkpoints` would otherwise shard its work
+over the training's process group, whose other ranks are training. ``Trainer.log`` needs
 the trainer: bind it with ``callback.bind(trainer)`` or use :func:`add_probe_callback`;
 unbound, the scalars are appended to ``state.log_history`` only.
 
@@ -88,6 +91,14 @@ def score_checkpoint_now(ckpt_dir: str | Path, name: str, probes: Sequence, out:
 
     if not is_rank_zero(state):
         return None
+    if _in_multiprocess_launch():
+        # score_checkpoints shards its work over the launch's process group, and the other
+        # ranks are training: score in a single-process child instead (blocking here).
+        proc = _spawn(str(ckpt_dir), name, probes, Path(out), report, score_kwargs)
+        if proc.wait():
+            raise RuntimeError(f"scoring {name} in a child process failed (exit {proc.returncode}); see the messages "
+                               "above")
+        return _metrics_for(Path(out), name)
     echo = echo or (lambda s: print(s, file=sys.stderr, flush=True))
     w = Watcher(ckpt_dir, probes, out, report=report, echo=echo, **score_kwargs)
     try:
@@ -101,6 +112,29 @@ def score_checkpoint_now(ckpt_dir: str | Path, name: str, probes: Sequence, out:
     finally:
         w.close()
     return _metrics_for(Path(out), name)
+
+
+def _in_multiprocess_launch() -> bool:
+    """True under torchrun/accelerate (``WORLD_SIZE`` > 1) or an initialised process group of > 1 ranks."""
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        return True
+    try:
+        import torch.distributed as dist
+
+        return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    except ImportError:  # pragma: no cover
+        return False
+
+
+def _spawn(ckpt_dir: str, name: str, probes: Sequence, out: Path, report: bool,
+           score_kwargs: dict) -> subprocess.Popen:
+    """Start ``python -m probeselect.integrations`` scoring ``ckpt_dir/name`` as a single process."""
+    cfg = {"ckpt_dir": ckpt_dir, "name": name, "probes": [_probe_arg(p) for p in probes], "out": str(out),
+           "report": report, "score_kwargs": score_kwargs}
+    env = {**os.environ, "RANK": "0"}  # the child scores alone, whatever the launcher's variables say
+    for k in ("LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    return subprocess.Popen([sys.executable, "-m", "probeselect.integrations", json.dumps(cfg)], env=env)
 
 
 def _probe_arg(p) -> dict:
@@ -166,13 +200,7 @@ class ProbeCallback(TrainerCallback):
         if self._child is not None or not self._queue:
             return
         ckpt_dir, name = self._queue.pop(0)
-        cfg = {"ckpt_dir": ckpt_dir, "name": name, "probes": [_probe_arg(p) for p in self.probes],
-               "out": str(self.out), "report": self.report, "score_kwargs": self.score_kwargs}
-        env = {**os.environ, "RANK": "0"}  # the child scores regardless of the launcher's variables
-        for k in ("LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-            env.pop(k, None)
-        proc = subprocess.Popen([sys.executable, "-m", "probeselect.integrations", json.dumps(cfg)], env=env)
-        self._child = (proc, name)
+        self._child = (_spawn(ckpt_dir, name, self.probes, self.out, self.report, self.score_kwargs), name)
 
     def _pump(self, state, *, wait: bool = False) -> None:
         while self._child is not None:

@@ -55,8 +55,11 @@ in ``superseded/`` (other downstream files keep the score step's rule).
   deterministic, there is no seed noise to subtract).
 
 Each alert names the checkpoint, its step, the track, values and threshold and, when the
-ladder has a ``data_lineage.json`` (:func:`probeselect.attribution.find_lineage`), the
-data windows that overlap the steps between the previous checkpoint and this one.
+windows are known, the data windows that overlap the steps between the previous checkpoint
+and this one: from ``lineage`` (``--lineage``: a ``data_lineage.json`` or a CSV
+``start_step,end_step,window[,planted]``, e.g. the planned curriculum), else from a
+``data_lineage.json`` next to the checkpoints (:func:`probeselect.attribution.find_lineage`;
+the toy ladder writes it only when the build ends, so pass ``--lineage`` while it builds).
 ``on_alert`` (``--on-alert CMD``) runs a shell command once per alert with the alert's JSON
 on stdin; its failure is printed, never fatal.
 """
@@ -287,6 +290,7 @@ class Watcher:
     def __init__(self, ckpt_dir: str | Path, probes: Sequence, out: str | Path, *, every: float = 60.0,
                  until_step: int | None = None, idle_exit: float | None = None, on_alert: str | None = None,
                  bpb_tolerance: float = 0.0, report: bool = True, plots: bool = True,
+                 lineage: str | Path | None = None,
                  echo: Callable[[str], None] | None = None, **score_kwargs: Any):
         self.ckpt_dir = Path(ckpt_dir)
         self.probes = list(probes)
@@ -300,6 +304,14 @@ class Watcher:
         self.every, self.until_step, self.idle_exit = float(every), until_step, idle_exit
         self.on_alert, self.bpb_tolerance = on_alert, float(bpb_tolerance)
         self.report, self.plots = report, plots
+        self.lineage = Path(lineage) if lineage is not None else None
+        if self.lineage is not None:
+            from .attribution import AttributionError, load_windows
+
+            try:
+                load_windows(self.lineage)
+            except AttributionError as exc:
+                raise UsageError(f"--lineage: {exc}") from None
         self.echo = echo or (lambda s: print(s, flush=True))
         score_kwargs.setdefault("progress", False)
         self.score_kwargs = score_kwargs
@@ -480,7 +492,7 @@ class Watcher:
         if not self.on_alert:
             return
         try:
-            p = subprocess.run(self.on_alert, shell=True, input=json.dumps(a, default=str), text=True,
+            p = subprocess.run(self.on_alert, shell=True, input=json.dumps(a, default=str) + "\n", text=True,
                                capture_output=True, timeout=300)
             if p.returncode:
                 self.echo(f"[watch] --on-alert command exited {p.returncode}: {p.stderr.strip()[-300:]}")
@@ -535,7 +547,7 @@ class Watcher:
     def _windows(self):
         from .attribution import AttributionError, find_lineage, load_windows
 
-        path = find_lineage(self.out)
+        path = self.lineage or find_lineage(self.out)
         if path is None:
             return []
         try:
