@@ -465,13 +465,14 @@ class Watcher:
             if model:
                 res.model_scored.append(c.name)
             res.alerts.extend(alerts)
-            self.echo(self._line(c, moved, model, secs))
+            self.echo(self._line(c, moved, model, secs, len(ok)))
             for a in alerts:
                 self._raise(a)
         return res
 
-    def _line(self, c: Checkpoint, moved: list[dict], model: bool, secs: float) -> str:
-        how = f"scored in {secs:.1f}s" if model else "from cache"
+    def _line(self, c: Checkpoint, moved: list[dict], model: bool, secs: float, batch: int = 1) -> str:
+        how = (f"scored in {secs:.1f}s" + (f" (with {batch - 1} other(s) in one batch)" if batch > 1 else "")
+               if model else "from cache")
         parts = []
         for m in moved:
             if m["threshold"] is None:
