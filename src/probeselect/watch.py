@@ -54,6 +54,10 @@ in ``superseded/`` (other downstream files keep the score step's rule).
   checkpoint by more than ``bpb_tolerance`` (default 0: any increase; held-out NLL is
   deterministic, there is no seed noise to subtract).
 
+The threshold is re-read from ``dynamics.csv`` at every checkpoint (the pooled seed sd
+changes as checkpoints arrive), and both hop counts use the current one; so when the
+threshold changes, one excursion can be alerted again at a later checkpoint.
+
 Each alert names the checkpoint, its step, the track, values and threshold and, when the
 windows are known, the data windows that overlap the steps between the previous checkpoint
 and this one: from ``lineage`` (``--lineage``: a ``data_lineage.json`` or a CSV
