@@ -229,3 +229,17 @@ def test_watch_cli_ctrl_c_then_resume_scores_each_checkpoint_once(tmp_path, ladd
     assert json.loads((run / "manifest.json").read_text())["units"]["from_cache"] >= 1
     for n in names[len(done_before):]:
         assert f"[watch] {n} (step " in p2.stdout
+
+
+def test_watch_writes_the_report_after_each_checkpoint(tmp_path, ladder_checkpoints, arith_spec):
+    src = tmp_path / "ckpts"
+    src.mkdir()
+    shutil.copytree(ladder_checkpoints[0], src / ladder_checkpoints[0].name)
+    run = tmp_path / "run"
+    kw = {**FAST, "report": True}
+    assert Watcher(src, [arith_spec], run, every=0.05, idle_exit=0.002, echo=lambda s: None, **kw).run().processed
+    first = (run / "report.md").read_text()
+    shutil.copytree(ladder_checkpoints[1], src / ladder_checkpoints[1].name)
+    assert Watcher(src, [arith_spec], run, every=0.05, idle_exit=0.002, echo=lambda s: None, **kw).run().processed
+    assert (run / "report.html").is_file() and (run / "report.md").read_text() != first
+    assert not (run / "superseded").exists()
