@@ -330,6 +330,6 @@ def run_name(run_dir: Path, manifest: dict | None) -> str:
             return f"{p.parent.name}/{p.name}"
         return p.name
 
-    if ck:
+    if isinstance(ck, str) and ck:  # a list when score_checkpoints got Checkpoint objects (watch, the callback)
         return named(Path(ck))
     return named(Path(run_dir).resolve())

@@ -346,6 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=_cmd_report)
     __import__("probeselect.sft._cli", fromlist=["add_parsers"]).add_parsers(sub)  # pilot
     __import__("probeselect._select_cli", fromlist=["add_parsers"]).add_parsers(sub)  # plan lock, select, confirm, run
+    __import__("probeselect._watch_cli", fromlist=["add_parsers"]).add_parsers(sub)  # watch, export
     return p
 
 

@@ -1,0 +1,154 @@
+"""ProbeCallback on a short HF Trainer run; rank-0-only scoring; export of the series."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+import torch
+
+from probeselect.integrations import ProbeCallback, add_probe_callback, is_rank_zero, score_checkpoint_now
+
+FAST = dict(seeds=(0, 1), audit_items=0, plots=False, device="cpu")
+
+
+class _Tokens(torch.utils.data.Dataset):
+    def __init__(self, vocab: int, n: int = 16, length: int = 16):
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randint(3, vocab, (n, length), generator=g)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.x[i], "labels": self.x[i].clone()}
+
+
+def _trainer(tmp_path, ckpt, steps=4, save_steps=2, report_to=()):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
+
+    tok = AutoTokenizer.from_pretrained(ckpt)
+    model = AutoModelForCausalLM.from_pretrained(ckpt)
+    args = TrainingArguments(output_dir=str(tmp_path / "train"), max_steps=steps, save_steps=save_steps,
+                             save_strategy="steps", per_device_train_batch_size=4, logging_steps=1, report_to=list(report_to),
+                             use_cpu=True, disable_tqdm=True, save_only_model=True, seed=0)
+    return Trainer(model=model, args=args, train_dataset=_Tokens(len(tok)), processing_class=tok)
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_callback_scores_every_save_and_logs_probe_scalars(tmp_path, ladder_checkpoints, arith_spec, background):
+    trainer = _trainer(tmp_path, ladder_checkpoints[-1])
+    run = tmp_path / "run"
+    cb = add_probe_callback(trainer, [arith_spec], run, background=background, **FAST)
+    trainer.train()
+    summary = pd.read_csv(run / "summary.csv")
+    assert sorted(summary["checkpoint"].unique()) == ["checkpoint-2", "checkpoint-4"]
+    variants = sorted(summary.loc[summary["family"] == "arith_pattern", "variant"].astype(str).unique())
+    logged = [h for h in trainer.state.log_history if "probes/checkpoint_step" in h]
+    assert sorted(h["probes/checkpoint_step"] for h in logged) == [2.0, 4.0]
+    for h in logged:
+        row = summary[(summary["step"] == h["probes/checkpoint_step"]) & (summary["family"] == "arith_pattern")]
+        for v in variants:
+            want = row.loc[row["variant"].astype(str) == v, "mean_margin"].item()
+            assert h[f"probes/arith_pattern/{v}/margin"] == pytest.approx(want)
+    if not background:  # logged inside on_save: at the checkpoint's own step
+        assert [h["step"] for h in logged] == [2, 4]
+    assert (run / "dynamics" / "dynamics.csv").is_file()
+    assert len(cb.logged) == 2
+
+
+def test_only_world_process_zero_scores(tmp_path, arith_spec, monkeypatch):
+    run = tmp_path / "run"
+    cb = ProbeCallback([arith_spec], run, **FAST)
+    state = SimpleNamespace(is_world_process_zero=False, global_step=2, log_history=[])
+    args = SimpleNamespace(output_dir=str(tmp_path / "does-not-matter"))
+    cb.on_save(args, state, None)
+    assert not run.exists() and cb.logged == [] and state.log_history == []
+    assert score_checkpoint_now(tmp_path, "checkpoint-2", [arith_spec], run, state=state) is None
+    assert not run.exists()
+    assert is_rank_zero(SimpleNamespace(is_world_process_zero=True))
+    monkeypatch.setenv("RANK", "1")
+    assert not is_rank_zero()
+    monkeypatch.setenv("RANK", "0")
+    assert is_rank_zero()
+
+
+def test_score_checkpoint_now_reports_a_deleted_checkpoint(tmp_path, arith_spec):
+    (tmp_path / "ckpts").mkdir()
+    lines = []
+    assert score_checkpoint_now(tmp_path / "ckpts", "checkpoint-9", [arith_spec], tmp_path / "run",
+                                echo=lines.append, **FAST) is None
+    assert "checkpoint-9" in json.loads((tmp_path / "run" / "watch" / "state.json").read_text())["vanished"]
+    assert "deleted before it was scored" in lines[0]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None,
+                    reason="the tensorboard package is not installed (pip install 'probeselect[tensorboard]')")
+def test_callback_probe_scalars_reach_tensorboard_via_report_to(tmp_path, ladder_checkpoints, arith_spec, monkeypatch):
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "train" / "tb"))  # transformers 5; older: runs/
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    trainer = _trainer(tmp_path, ladder_checkpoints[-1], report_to=["tensorboard"])
+    add_probe_callback(trainer, [arith_spec], tmp_path / "run", **FAST)
+    trainer.train()
+    summary = pd.read_csv(tmp_path / "run" / "summary.csv")
+    events = sorted((tmp_path / "train").rglob("events.out.tfevents.*"))
+    assert events, "report_to=tensorboard wrote no event files"
+    ea = EventAccumulator(str(events[0].parent))
+    ea.Reload()
+    v = str(summary.loc[summary["family"] == "arith_pattern", "variant"].iloc[0])
+    got = [(e.step, e.value) for e in ea.Scalars(f"train/probes/arith_pattern/{v}/margin")] \
+        if f"train/probes/arith_pattern/{v}/margin" in ea.Tags()["scalars"] else \
+        [(e.step, e.value) for e in ea.Scalars(f"probes/arith_pattern/{v}/margin")]
+    want = summary[(summary["family"] == "arith_pattern") & (summary["variant"].astype(str) == v)]
+    assert [s for s, _ in got] == [2, 4]
+    assert [x for _, x in got] == pytest.approx(want.sort_values("step")["mean_margin"].tolist(), rel=1e-6)
+
+
+_TWO_RANKS = """
+import json, os, sys
+import torch.distributed as dist
+dist.init_process_group("gloo")
+from probeselect.integrations import score_checkpoint_now
+from probeselect.probes import spec_from_dict
+spec = spec_from_dict({"family": "arith_pattern", "n_items": 6, "n_demos": 4})
+m = score_checkpoint_now(sys.argv[1], sys.argv[2], [spec], sys.argv[3], seeds=(0, 1), audit_items=0, plots=False,
+                         device="cpu", echo=lambda s: None)
+open(os.path.join(sys.argv[4], f"rank{dist.get_rank()}.json"), "w").write(json.dumps(m))
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_only_rank_zero_scores_under_two_processes(tmp_path, ladder_checkpoints):
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = tmp_path / "ckpts"
+    src.mkdir()
+    ck = ladder_checkpoints[1]
+    import shutil
+
+    shutil.copytree(ck, src / ck.name)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+        procs.append(subprocess.Popen([sys.executable, "-c", _TWO_RANKS, str(src), ck.name, str(tmp_path / "run"),
+                                       str(tmp_path)], env=env))
+    assert [p.wait(timeout=300) for p in procs] == [0, 0]
+    m0 = json.loads((tmp_path / "rank0.json").read_text())
+    m1 = json.loads((tmp_path / "rank1.json").read_text())
+    assert m1 is None and m0 and m0["probes/checkpoint_step"] == float(ck.name.split("-")[-1])
+    log = (tmp_path / "run" / "watch" / "log.jsonl").read_text().splitlines()
+    assert len(log) == 1  # scored once, by rank 0
