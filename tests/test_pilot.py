@@ -279,3 +279,29 @@ def test_two_fresh_pilots_give_identical_numbers(tiny_ladder, ladder_checkpoints
     assert any(p.name.startswith("rng-") for p in states[0])
     for pa, pb in zip(*states):
         assert pa.read_bytes() == pb.read_bytes(), pa.relative_to(outs[0])
+
+
+def test_preflight_records_how_many_transfer_tasks_are_in_a_probe_form(tiny_ladder, ladder_checkpoints, tmp_path):
+    """The pilot's leakage record counts transfer tasks written in a built-in probe family's surface form, and the
+    report states the count (0 for the toy suite; the old probe-form items are counted, not refused)."""
+    from probeselect.final_report import _leakage_lines
+    from probeselect.pilot import _preflight
+
+    d = tiny_ladder / "data"
+    tasks = [json.loads(line) for line in (d / "transfer.jsonl").read_text().splitlines() if line.strip()]
+    sft = [json.loads(line) for line in (d / "sft.jsonl").read_text().splitlines() if line.strip()]
+    bases = ladder_checkpoints[-2:]
+    rec, _ = _preflight(small_recipe(tiny_ladder), bases, sft)
+    n = rec["transfer_tasks"]  # the small recipe caps the suite
+    assert 0 < n <= len(tasks) and rec["probe_template_tasks"] == 0
+    assert any(f"0 of {n} transfer tasks" in ln for ln in _leakage_lines(rec))
+    kind = tasks[0]["kind"]
+    old_style = {**tasks[0], "id": "t-eq", "prompt": "3 + 4 = 5\n6 - 1 = 5\nQ: Compute 24 + 3. A:", "kind": kind}
+    mixed = _write_jsonl(tmp_path / "mixed.jsonl", tasks[:4] + [old_style])
+    rec, _ = _preflight(small_recipe(tiny_ladder, transfer__tasks=str(mixed)), bases, sft)
+    assert rec["transfer_tasks"] == 5 and rec["probe_template_tasks"] == 1
+    assert rec["probe_template_examples"][0][:2] == ["t-eq", "arith_pattern"]
+    lines = _leakage_lines(rec)
+    assert any("1 of 5 transfer task(s) are written in a built-in probe family" in ln and "`t-eq`" in ln
+               for ln in lines)
+    assert _leakage_lines({}) == []  # manifests written before the count existed: nothing claimed

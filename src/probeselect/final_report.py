@@ -464,6 +464,27 @@ def _confirm_section(conf: dict | None, sel: dict | None = None, run_dir: Path =
     return s
 
 
+def _leakage_lines(rec: dict) -> list[str]:
+    """What the pilot's leakage guards checked, and how close the transfer tasks are to the probes' form."""
+    if "transfer_tasks" not in rec:
+        return []
+    n, k = rec["transfer_tasks"], rec.get("probe_template_tasks", 0)
+    probes = rec.get("probe_items") or []
+    out = [f"Transfer leakage guards: {n} transfer task(s) share no prompt (whole prompt or last line) with "
+           + (f"{len(probes)} probe item file(s) ({rec.get('probe_items_source')})" if probes
+              else "any probe item file (none was found to check against)")
+           + "; their kinds are absent from the SFT data."]
+    if k:
+        ex = "; ".join(f"`{i}` ({f})" for i, f, _ in rec.get("probe_template_examples") or [])
+        out.append(f"**{k} of {n} transfer task(s) are written in a built-in probe family's own surface form** "
+                   f"(e.g. {ex}): on those, post-SFT transfer partly re-scores the probe, so agreement between "
+                   "probes and transfer is weaker evidence.")
+    else:
+        out.append(f"0 of {n} transfer tasks are written in a built-in probe family's surface form "
+                   "(`probeselect.transfer.probe_template_matches`).")
+    return out
+
+
 def _selection_provenance(run_dir: Path, sel: dict, conf: dict | None, pilot_man: dict | None) -> list[str]:
     """Hashes of the inputs that decide; no times and no hashes of files that hold times (those stay in
     ``selection.json``, ``plan.lock.json`` and the manifests), so the report is the same for two runs that decide
@@ -478,6 +499,7 @@ def _selection_provenance(run_dir: Path, sel: dict, conf: dict | None, pilot_man
         rsha = pilot_man.get("recipe_sha256") or (rec.get("sha256") if isinstance(rec, dict) else None)
         items.append(f"Pilot `pilot/`: seeds {pilot_man.get('seeds', '?')}, recipe sha256 `{str(rsha)[:16]}`, git "
                      f"`{str((pilot_man.get('git') or {}).get('commit'))[:12]}` (times: `pilot/manifest.json`).")
+        items.extend(_leakage_lines(pilot_man.get("leakage_check") or {}))
     if conf:
         items.append(f"Confirmation: recipe `{shown_path(conf['config'].get('recipe'), run_dir)}` sha256 "
                      f"`{str(conf.get('recipe_sha256'))[:16]}` (times: `confirm.json`).")

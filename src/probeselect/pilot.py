@@ -176,7 +176,7 @@ def _preflight(recipe: Recipe, bases, sft_rows: list[dict]) -> tuple[dict[str, A
     """Validate the transfer suite and run the leakage guards; nothing is written. Returns the
     leakage record for manifest.json and the validated transfer config (None: no suite)."""
     from .transfer import (check_disjoint_from_probes, check_disjoint_from_sft, load_transfer_items,
-                           validate_transfer_config)
+                           probe_template_matches, validate_transfer_config)
 
     record: dict[str, Any] = {"probe_items": [], "probe_items_source": None, "sft_kinds_checked": False}
     if not recipe.transfer:
@@ -191,8 +191,12 @@ def _preflight(recipe: Recipe, bases, sft_rows: list[dict]) -> tuple[dict[str, A
     if probes:
         check_disjoint_from_probes(items, probes)
     check_disjoint_from_sft(items, sft_rows, sft_source=str(recipe.train_path))
+    # How close the transfer tasks are to the probes' own surface form: recorded and reported, not refused
+    # (a user's own arithmetic transfer may legitimately look like a toy probe line).
+    hits = probe_template_matches(items.tasks)
     record.update(probe_items=[str(p) for p in probes], probe_items_source=source,
-                  sft_kinds_checked=bool(items.tasks))
+                  sft_kinds_checked=bool(items.tasks), transfer_tasks=len(items.tasks),
+                  probe_template_tasks=len(hits), probe_template_examples=[list(h) for h in hits[:3]])
     return record, cfg
 
 
