@@ -228,6 +228,7 @@ def test_new_probe_set_moves_downstream_files_aside(complete_run, ladder2, spec,
     for name in ("shortlist.csv", "report.md"):
         (complete_run / name).write_text("old\n", encoding="utf-8")
     (complete_run / "dynamics").mkdir()
+    (complete_run / "report_figures").mkdir()  # the front page's figures belong to the old report
     # Same inputs: nothing is moved.
     rc, _ = cli(capsys, *score_args(ladder2, spec, complete_run))
     assert rc == 0 and (complete_run / "shortlist.csv").is_file()
@@ -235,11 +236,12 @@ def test_new_probe_set_moves_downstream_files_aside(complete_run, ladder2, spec,
     rc, err = cli(capsys, *score_args(ladder2, spec_b, complete_run))
     assert rc == 0
     assert not (complete_run / "shortlist.csv").exists() and not (complete_run / "dynamics").exists()
+    assert not (complete_run / "report_figures").exists()
     moved = list((complete_run / "superseded").glob("*/shortlist.csv"))
     assert len(moved) == 1 and moved[0].read_text(encoding="utf-8") == "old\n"
     assert "moved the previous run's shortlist.csv" in err
     m = manifest(complete_run)
-    assert m["status"] == "complete" and len(m["superseded"]) == 3 and "previous_outputs" not in m
+    assert m["status"] == "complete" and len(m["superseded"]) == 4 and "previous_outputs" not in m
     assert set(pd.read_parquet(complete_run / "scores.parquet")["variant"]) == {"qa"}
 
 

@@ -764,8 +764,8 @@ def _open_run_folder(run_dir: Path, manifest: dict) -> dict | None:
 _TABLES = ("items.jsonl", "scores.parquet", "summary.csv", "generations.parquet", "audit.parquet", "audit_summary.csv",
            "persona.parquet")
 # Files later stages derive from the tables; moved aside when the tables change.
-_DOWNSTREAM = ("dynamics", "shortlist.csv", "shortlist.json", "report.md", "report.html", "plan.lock.json",
-               "pilot", "selection.json", "selection.csv", "confirm", "averaged")
+_DOWNSTREAM = ("dynamics", "shortlist.csv", "shortlist.json", "report.md", "report.html", "report_figures",
+               "plan.lock.json", "pilot", "selection.json", "selection.csv", "confirm", "averaged")
 
 
 def _check_out_dir(run_dir: Path) -> None:
