@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+#: = probeselect.export.FORMATS (not imported here: --help must not load pandas)
+EXPORT_FORMATS = ("csv", "tensorboard", "wandb-offline")
+
 
 def _cmd_watch(args: argparse.Namespace) -> int:
     from .watch import Watcher
@@ -66,12 +69,14 @@ def add_parsers(sub) -> None:
     w.add_argument("--no-report", action="store_true", help="update only dynamics/ (no report.md/html)")
     w.set_defaults(func=_cmd_watch)
 
-    e = sub.add_parser("export", help="export a run's probe series (csv or TensorBoard event files)",
+    e = sub.add_parser("export", help="export a run's probe series (csv, TensorBoard event files, W&B offline run)",
                        description="Write the probe series of RUN_DIR (summary.csv) as steps: a long CSV "
-                                   "(step, tag, value), or TensorBoard event files with tags "
+                                   "(step, tag, value), TensorBoard event files with tags "
                                    "probes/<family>/<variant>/<metric> (needs the tensorboard package: "
-                                   "pip install 'probeselect[tensorboard]').")
+                                   "pip install 'probeselect[tensorboard]'), or a Weights & Biases offline run "
+                                   "with the same tags at the same steps, written without network "
+                                   "(`wandb sync` uploads it; needs pip install 'probeselect[wandb]').")
     e.add_argument("run_dir", metavar="RUN_DIR", help="a folder written by `probeselect score` or `watch`")
-    e.add_argument("--format", required=True, choices=["csv", "tensorboard"])
+    e.add_argument("--format", required=True, choices=EXPORT_FORMATS)
     e.add_argument("--out", default=None, help="output file/folder (default RUN_DIR/export/...)")
     e.set_defaults(func=_cmd_export)
