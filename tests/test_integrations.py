@@ -152,3 +152,60 @@ def test_only_rank_zero_scores_under_two_processes(tmp_path, ladder_checkpoints)
     assert m1 is None and m0 and m0["probes/checkpoint_step"] == float(ck.name.split("-")[-1])
     log = (tmp_path / "run" / "watch" / "log.jsonl").read_text().splitlines()
     assert len(log) == 1  # scored once, by rank 0
+
+
+@pytest.mark.slow
+def test_toy_ladder_build_scores_each_save_and_alerts_on_the_parrot_dip_while_building(tmp_path):
+    """A 400-step planted toy ladder (the curriculum of tests/toy/test_dip.py's small_planted_run:
+    parrot window 201-300) built with ``on_save`` = :func:`score_checkpoint_now`: every saved
+    checkpoint is scored inside the build, right after it is saved, and the parrot window's
+    tmpl_mismatch dip is raised as an ``undone_gain`` alert naming the parrot window before the
+    build has finished (``data_lineage.json`` is written only at the end; the planned windows
+    are passed as ``lineage``). About 2-4 minutes on 2 loaded CPU cores."""
+    import dataclasses
+    from pathlib import Path
+
+    from probeselect.probes import load_spec
+    from probeselect.toy.curriculum import PARROT_MIXTURE, RECOVERY_MIXTURE
+    from probeselect.toy.ladder import build_toy_ladder
+
+    root = Path(__file__).resolve().parents[1]
+    windows = [("base", 0, 200, None, "default"), ("parrot", 200, 300, "parrot", PARROT_MIXTURE),
+               ("recovery", 300, 400, None, RECOVERY_MIXTURE)]
+    cur = {"windows": [{"name": n, "start_step": a, "end_step": b, "mixture": m, "planted": p}
+                       for n, a, b, p, m in windows]}
+    planned = tmp_path / "planned.csv"
+    planned.write_text("start_step,end_step,window,planted\n" + "".join(
+        f"{a},{b},{n},{p or ''}\n" for n, a, b, p, _ in windows))
+    spec = dataclasses.replace(load_spec(root / "probes" / "tmpl_mismatch.yaml"), n_items=24)
+    ladder, run = tmp_path / "ladder", tmp_path / "run"
+    seen: list[dict] = []
+
+    def alerts() -> list[dict]:
+        f = run / "alerts.jsonl"
+        return [json.loads(x) for x in f.read_text().splitlines()] if f.is_file() else []
+
+    def on_save(path, step):
+        assert not (ladder / "data_lineage.json").exists()  # the ladder is still being built
+        m = score_checkpoint_now(path.parent, path.name, [spec], run, lineage=planned, echo=print, **FAST)
+        seen.append({"step": step, "metrics": m, "alerts": alerts(),
+                     "later_saved": sorted(p.name for p in ladder.glob("checkpoint-*") if p.name != path.name
+                                           and int(p.name.split("-")[1]) > step)})
+
+    info = build_toy_ladder(ladder, seed=0, steps=400, save_every=50, curriculum=cur, progress=False, num_threads=1,
+                            on_save=on_save)
+    steps = [c.step for c in info.checkpoints]
+    assert steps == list(range(50, 401, 50))
+    assert [s["step"] for s in seen] == steps  # every save scored, in order, during the build
+    assert all(s["later_saved"] == [] for s in seen)  # each before the next checkpoint existed
+    assert [s["metrics"]["probes/checkpoint_step"] for s in seen] == [float(x) for x in steps]
+    log = [json.loads(x) for x in (run / "watch" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == steps and all(r["model_work"] for r in log)  # each scored once
+    parrot = [a for a in alerts() if a["kind"] == "undone_gain" and a["family"] == "tmpl_mismatch"
+              and any(w["window"] == "parrot" and w["planted"] == "parrot" for w in a["windows"])]
+    assert parrot, alerts()
+    first = min(parrot, key=lambda a: a["step"])
+    assert 200 < first["step"] <= 350 and first["value"] < first["previous_value"] - first["threshold"]
+    raised_at = next(s["step"] for s in seen if any(a["checkpoint"] == first["checkpoint"] for a in s["alerts"]))
+    assert raised_at == first["step"] < steps[-1]  # raised when that checkpoint was saved, mid-build
+    print(json.dumps(first, indent=1))
