@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ._cli_common import add_scoring_options
+
 #: = probeselect.export.FORMATS (not imported here: --help must not load pandas)
 EXPORT_FORMATS = ("csv", "tensorboard", "wandb-offline")
 
@@ -44,7 +46,7 @@ def add_parsers(sub) -> None:
     w.add_argument("ckpt_dir", metavar="CKPT_DIR", help="the folder the training run saves checkpoints into")
     w.add_argument("--probes", nargs="+", required=True, metavar="SPEC", help="probe spec YAML files")
     w.add_argument("--out", required=True, help="run folder (one per watched run)")
-    w.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3], help="evaluation seeds (default 0 1 2 3)")
+    add_scoring_options(w)  # the same as `score`'s
     w.add_argument("--every", type=float, default=60.0, metavar="SECONDS",
                    help="poll interval in seconds (default 60); a checkpoint without a trainer marker must be "
                         "unchanged across two polls")
@@ -60,12 +62,6 @@ def add_parsers(sub) -> None:
     w.add_argument("--lineage", default=None, metavar="FILE",
                    help="data windows for the alerts: data_lineage.json or a CSV start_step,end_step,window[,planted] "
                         "(default: data_lineage.json next to the checkpoints, once it exists)")
-    w.add_argument("--heldout", default=None, metavar="FILE", help="held-out text for the bits-per-byte track")
-    w.add_argument("--heldout-stride", type=int, default=None, help="tokens between held-out windows")
-    w.add_argument("--audit-items", type=int, default=50, help="generative audit items per family (0 disables)")
-    w.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
-    w.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    w.add_argument("--max-batch-tokens", type=int, default=8192)
     w.add_argument("--no-report", action="store_true", help="update only dynamics/ (no report.md/html)")
     w.set_defaults(func=_cmd_watch)
 
