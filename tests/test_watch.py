@@ -331,3 +331,26 @@ def test_watch_on_a_folder_written_slowly_by_another_process_scores_each_once_ac
     assert any(x.startswith("incomplete") for x in by[cks[1].name]) and "complete (stable)" in by[cks[1].name]
     assert all(n != "tmp-" + cks[2].name for n, _ in seen)  # the staging folder was never looked at
     assert sorted(pd.read_csv(run / "summary.csv")["checkpoint"].unique()) == sorted(c.name for c in cks)
+
+
+def test_a_kill_between_the_log_line_and_the_state_leaves_one_log_line(tmp_path, ladder_checkpoints, arith_spec):
+    """Killed after log.jsonl got a checkpoint's line but before state.json recorded it (and with
+    a torn half line at the end of log.jsonl): the restart processes it again from the cache
+    without a second line, and its next line starts on a line of its own."""
+    src = tmp_path / "ckpts"
+    src.mkdir()
+    shutil.copytree(ladder_checkpoints[0], src / ladder_checkpoints[0].name)
+    run = tmp_path / "run"
+    kw = dict(every=0.05, idle_exit=0.002, echo=lambda s: None, **FAST)
+    assert Watcher(src, [arith_spec], run, **kw).run().processed == [ladder_checkpoints[0].name]
+    st = json.loads((run / "watch" / "state.json").read_text())
+    st["processed"] = {}  # the kill came before state.json was written
+    (run / "watch" / "state.json").write_text(json.dumps(st))
+    with open(run / "watch" / "log.jsonl", "a") as fh:
+        fh.write('{"checkpoint": "checkpoint-')  # and a torn line
+    shutil.copytree(ladder_checkpoints[1], src / ladder_checkpoints[1].name)
+    r = Watcher(src, [arith_spec], run, **kw).run()
+    assert r.processed == [p.name for p in ladder_checkpoints[:2]] and r.model_scored == [ladder_checkpoints[1].name]
+    lines = (run / "watch" / "log.jsonl").read_text().splitlines()
+    assert lines[1] == '{"checkpoint": "checkpoint-'  # the torn line stays alone on its line
+    assert [json.loads(x)["checkpoint"] for i, x in enumerate(lines) if i != 1] == [p.name for p in ladder_checkpoints[:2]]
