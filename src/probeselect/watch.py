@@ -230,6 +230,19 @@ def checkpoint_alerts(trajectories: pd.DataFrame, stats: pd.DataFrame, checkpoin
     return out
 
 
+def _jsonl_keys(f: Path, fields: tuple[str, ...]) -> set:
+    """The ``fields`` tuples of the JSON lines of ``f`` (none when it does not exist)."""
+    keys = set()
+    if f.is_file():
+        for line in f.read_text(encoding="utf-8").splitlines():
+            try:
+                r = json.loads(line)
+                keys.add(tuple(r[k] for k in fields))
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue  # a torn last line of a killed run
+    return keys
+
+
 def _num(x):
     x = float(x)
     return int(x) if np.isfinite(x) and x.is_integer() else (x if np.isfinite(x) else None)
@@ -516,28 +529,10 @@ class Watcher:
             self.echo(f"[watch] --on-alert command failed: {exc}")
 
     def _alert_keys(self) -> set:
-        f = self.out / "alerts.jsonl"
-        keys = set()
-        if f.is_file():
-            for line in f.read_text(encoding="utf-8").splitlines():
-                try:
-                    a = json.loads(line)
-                    keys.add((a["checkpoint"], a["track"], a["kind"]))
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    continue  # a torn last line of a killed run
-        return keys
+        return _jsonl_keys(self.out / "alerts.jsonl", ("checkpoint", "track", "kind"))
 
     def _logged_keys(self) -> set:
-        f = self.wdir / "log.jsonl"
-        keys = set()
-        if f.is_file():
-            for line in f.read_text(encoding="utf-8").splitlines():
-                try:
-                    r = json.loads(line)
-                    keys.add((r["checkpoint"], r["fingerprint"]))
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    continue  # a torn last line of a killed run
-        return keys
+        return _jsonl_keys(self.wdir / "log.jsonl", ("checkpoint", "fingerprint"))
 
     def _clean_superseded(self, paths: list[str]) -> None:
         for p in map(Path, paths):
