@@ -60,8 +60,10 @@ def test_export_tensorboard_event_files(tmp_path):
         export_run(run, fmt="tensorboard")
 
 
-@pytest.mark.skipif(HAS_TB, reason="tensorboard is installed; this checks the message shown without it")
-def test_export_tensorboard_without_package_names_the_extra(tmp_path, capsys):
+def test_export_tensorboard_without_package_names_the_extra(tmp_path, capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if tensorboard were not installed
     assert main(["export", str(_run(tmp_path)), "--format", "tensorboard"]) == 2
     assert "probeselect[tensorboard]" in capsys.readouterr().err
 
@@ -125,8 +127,10 @@ def test_export_wandb_offline_run_files(tmp_path, monkeypatch):
     assert not list(run.glob("export/.*"))  # no staging folder left behind
 
 
-@pytest.mark.skipif(HAS_WANDB, reason="wandb is installed; this checks the message shown without it")
-def test_export_wandb_offline_without_package_names_the_extra(tmp_path, capsys):
+def test_export_wandb_offline_without_package_names_the_extra(tmp_path, capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if wandb were not installed
     assert main(["export", str(_run(tmp_path)), "--format", "wandb-offline"]) == 2
     err = capsys.readouterr().err
     assert "probeselect[wandb]" in err and "--format csv" in err
