@@ -12,9 +12,8 @@ TensorBoard output needs the ``tensorboard`` package (``pip install 'probeselect
 ``fmt="wandb-offline"`` writes a Weights & Biases *offline* run to ``RUN/export/wandb/``
 (``wandb.init(mode="offline")``: no network, no login; ``wandb sync RUN/export/wandb/wandb/offline-run-*``
 uploads it later). Each checkpoint is one ``log`` call at ``step`` = the checkpoint's step,
-with the same tags; the W&B run id is derived from the content of ``summary.csv``
-(``probeselect-<12 hex>``), so exporting the same tables again and syncing both does not
-make a second W&B run. Needs the ``wandb`` package (``pip install 'probeselect[wandb]'``);
+with the same tags, plotted against ``train/global_step``; the W&B run id is derived from the
+content of ``summary.csv`` (``probeselect-<12 hex>``: the same tables, the same id). Needs the ``wandb`` package (``pip install 'probeselect[wandb]'``);
 the project is ``$WANDB_PROJECT`` or ``probeselect``, the run name the run folder's name.
 """
 
@@ -104,8 +103,10 @@ def _export_wandb_offline(run: Path, series: pd.DataFrame, path: Path) -> Path:
     staging = path.with_name(f".{path.name}.tmp")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    settings = wandb.Settings(mode="offline", silent=True, console="off", x_disable_stats=True, x_disable_meta=True,
-                              save_code=False, disable_git=True)
+    quiet = dict(silent=True, console="off", x_disable_stats=True, x_disable_meta=True, save_code=False,
+                 disable_git=True)  # no system metrics, no code or git capture: only the series
+    known = getattr(wandb.Settings, "model_fields", None) or quiet  # older wandb lacks some of these settings
+    settings = wandb.Settings(mode="offline", **{k: v for k, v in quiet.items() if k in known})
     wrun = wandb.init(dir=str(staging), project=os.environ.get("WANDB_PROJECT") or "probeselect", name=run.name,
                       id=run_id, mode="offline", config={"probeselect_run_dir": str(run.resolve())},
                       settings=settings)
