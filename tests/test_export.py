@@ -135,3 +135,10 @@ def test_export_wandb_offline_without_package_names_the_extra(tmp_path, capsys, 
     err = capsys.readouterr().err
     assert "probeselect[wandb]" in err and "--format csv" in err
     assert not (tmp_path / "run" / "export").exists()
+
+
+def test_cli_format_choices_are_the_exporters_formats():
+    from probeselect._watch_cli import EXPORT_FORMATS
+    from probeselect.export import FORMATS
+
+    assert EXPORT_FORMATS == FORMATS
