@@ -64,3 +64,20 @@ def test_probes_subcommands(tmp_path):
     assert r.returncode == 1 and "FAIL" in r.stdout and "n_demos" in r.stdout
     r = _run("probes", "show", "arith_pattern", "--seed", "1", "-n", "2", "--variant", "eq")
     assert r.returncode == 0 and r.stdout.count("[task]") == 2 and "seed 1" in r.stdout
+
+
+def test_watch_and_score_share_their_scoring_options():
+    """`watch` scores with `score`'s engine: its model/scoring options are the same definitions
+    (names, defaults, choices, help), from probeselect._cli_common.add_scoring_options."""
+    import argparse
+
+    from probeselect.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    opts = {}
+    for cmd in ("score", "watch"):
+        opts[cmd] = {a.dest: (tuple(a.option_strings), a.default, a.choices, a.help, a.type, a.nargs, a.metavar)
+                     for a in sub.choices[cmd]._actions}
+    shared = ("seeds", "dtype", "device", "max_batch_tokens", "heldout", "heldout_stride", "audit_items")
+    for dest in shared:
+        assert opts["watch"][dest] == opts["score"][dest], dest

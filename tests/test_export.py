@@ -60,7 +60,85 @@ def test_export_tensorboard_event_files(tmp_path):
         export_run(run, fmt="tensorboard")
 
 
-@pytest.mark.skipif(HAS_TB, reason="tensorboard is installed; this checks the message shown without it")
-def test_export_tensorboard_without_package_names_the_extra(tmp_path, capsys):
+def test_export_tensorboard_without_package_names_the_extra(tmp_path, capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if tensorboard were not installed
     assert main(["export", str(_run(tmp_path)), "--format", "tensorboard"]) == 2
     assert "probeselect[tensorboard]" in capsys.readouterr().err
+
+
+HAS_WANDB = importlib.util.find_spec("wandb") is not None
+
+
+def _wandb_records(path):
+    """The records of a W&B ``.wandb`` file (its LevelDB-log framing: a 7-byte header, 32 KiB
+    blocks of chunks with a 7-byte crc/length/type header each), parsed with wandb's protobuf."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    pos, block, out, buf = 7, 32768, [], b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:
+            pos += left
+            continue
+        _crc, n, typ = struct.unpack("<IHB", data[pos:pos + 7])
+        if typ == 0 and n == 0:
+            pos += left
+            continue
+        chunk = data[pos + 7: pos + 7 + n]
+        pos += 7 + n
+        buf = chunk if typ in (1, 2) else buf + chunk  # FULL/FIRST start a record, MIDDLE/LAST continue it
+        if typ in (1, 4):
+            r = wandb_internal_pb2.Record()
+            r.ParseFromString(buf)
+            out.append(r)
+            buf = b""
+    return out
+
+
+@pytest.mark.skipif(not HAS_WANDB, reason="the wandb package is not installed (pip install 'probeselect[wandb]')")
+def test_export_wandb_offline_run_files(tmp_path, monkeypatch):
+    import json
+
+    for k in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(k, str(tmp_path / "wandb-home"))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_MODE", "online")  # the export is offline whatever the environment says
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # nothing listens: no network was used
+    run = _run(tmp_path)
+    out = export_run(run, fmt="wandb-offline")
+    (rf,) = out.glob("wandb/offline-run-*/run-*.wandb")
+    recs = _wandb_records(rf)
+    runs = [r.run for r in recs if r.WhichOneof("record_type") == "run"]
+    assert runs and runs[0].run_id.startswith("probeselect-") and runs[0].display_name == "run"
+    hist = [{it.key or "/".join(it.nested_key): json.loads(it.value_json) for it in r.history.item}
+            for r in recs if r.WhichOneof("record_type") == "history"]
+    got = {(h["_step"], k): v for h in hist for k, v in h.items() if k.startswith("probes/")}
+    want = {(int(r.step), r.tag): r.value for r in probe_series(run).itertuples()}
+    assert got == want
+    assert [h["train/global_step"] for h in hist] == [10, 20]
+    with pytest.raises(Exception, match="already holds a W&B offline run"):
+        export_run(run, fmt="wandb-offline")
+    assert not list(run.glob("export/.*"))  # no staging folder left behind
+
+
+def test_export_wandb_offline_without_package_names_the_extra(tmp_path, capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if wandb were not installed
+    assert main(["export", str(_run(tmp_path)), "--format", "wandb-offline"]) == 2
+    err = capsys.readouterr().err
+    assert "probeselect[wandb]" in err and "--format csv" in err
+    assert not (tmp_path / "run" / "export").exists()
+
+
+def test_cli_format_choices_are_the_exporters_formats():
+    from probeselect._watch_cli import EXPORT_FORMATS
+    from probeselect.export import FORMATS
+
+    assert EXPORT_FORMATS == FORMATS

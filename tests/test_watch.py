@@ -243,3 +243,114 @@ def test_watch_writes_the_report_after_each_checkpoint(tmp_path, ladder_checkpoi
     assert Watcher(src, [arith_spec], run, every=0.05, idle_exit=0.002, echo=lambda s: None, **kw).run().processed
     assert (run / "report.html").is_file() and (run / "report.md").read_text() != first
     assert not (run / "superseded").exists()
+
+
+_SLOW_LADDER_WRITER = textwrap.dedent("""
+    import os, shutil, sys, time
+    from pathlib import Path
+    dst_root = Path(sys.argv[1])
+    jobs = [a.split("=", 2) for a in sys.argv[2:]]  # style=src=name
+    def slow_weights(src, dst):
+        for n in sorted(p.name for p in src.iterdir() if p.name.endswith(".safetensors")):
+            data = (src / n).read_bytes()
+            with open(dst / n, "wb") as fh:
+                for i in range(4):
+                    time.sleep(0.3)  # pauses longer than the poll interval, between chunks
+                    fh.write(data[i * len(data) // 4:(i + 1) * len(data) // 4])
+                    fh.flush(); os.fsync(fh.fileno())
+    for style, src, name in jobs:
+        src = Path(src)
+        files = sorted(p.name for p in src.iterdir() if not p.name.endswith(".safetensors"))
+        if style == "marker-first":  # the trainer marker first, the weights last and slowly
+            dst = dst_root / name
+            dst.mkdir()
+            for n in ["trainer_state.json"] + [n for n in files if n != "trainer_state.json"]:
+                shutil.copyfile(src / n, dst / n)
+            slow_weights(src, dst)
+        elif style == "plain":  # save_pretrained without a marker: config, weights slowly, then the tokenizer
+            dst = dst_root / name
+            dst.mkdir()
+            shutil.copyfile(src / "config.json", dst / "config.json")
+            slow_weights(src, dst)
+            for n in files:
+                if n not in ("config.json", "trainer_state.json"):
+                    shutil.copyfile(src / n, dst / n)
+        else:  # staged: written slowly into tmp-<name>, then renamed into place (HF Trainer, the toy ladder)
+            tmp = dst_root / ("tmp-" + name)
+            tmp.mkdir()
+            for n in files:
+                shutil.copyfile(src / n, tmp / n)
+            slow_weights(src, tmp)
+            os.replace(tmp, dst_root / name)
+        print("wrote", name, flush=True)
+""")
+
+
+def test_watch_on_a_folder_written_slowly_by_another_process_scores_each_once_across_a_restart(
+        tmp_path, ladder_checkpoints, arith_spec, monkeypatch):
+    """Another process writes three checkpoints slowly (marker first; plain save_pretrained with
+    no marker, judged by the stable rule; staged folder renamed into place) while the watcher
+    runs, stops after the first (a restart in the middle of the writes) and is started again:
+    each checkpoint is scored exactly once, from its complete bytes, and the partial folders were
+    seen and refused."""
+    import probeselect.watch as w
+
+    src = tmp_path / "ckpts"
+    src.mkdir()
+    cks = ladder_checkpoints[2:5]
+    styles = ["marker-first", "plain", "staged"]
+    seen: list[tuple[str, str]] = []
+    real = w.checkpoint_ready
+
+    def spy(path, prev):
+        out = real(path, prev)
+        seen.append((Path(path).name, out[1]))
+        return out
+
+    monkeypatch.setattr(w, "checkpoint_ready", spy)
+    steps = [int(c.name.split("-")[-1]) for c in cks]
+    writer = subprocess.Popen([sys.executable, "-c", _SLOW_LADDER_WRITER, str(src)] +
+                              [f"{s}={c}={c.name}" for s, c in zip(styles, cks)], stdout=subprocess.PIPE, text=True)
+    run = tmp_path / "run"
+    try:
+        r1 = Watcher(src, [arith_spec], run, every=0.1, until_step=steps[0], echo=lambda s: None, **FAST).run()
+        assert r1.processed == [cks[0].name]
+        r2 = Watcher(src, [arith_spec], run, every=0.1, until_step=steps[-1], echo=lambda s: None, **FAST).run()
+    finally:
+        out, _ = writer.communicate(timeout=120)
+    assert writer.returncode == 0 and out.count("wrote") == 3
+    assert r2.processed == [c.name for c in cks[1:]] and not r2.failed
+    r3 = Watcher(src, [arith_spec], run, every=0.05, idle_exit=0.002, echo=lambda s: None, **FAST).run()
+    assert r3.processed == []
+    log = _log(run)
+    assert [r["checkpoint"] for r in log] == [c.name for c in cks]  # each exactly once across the restarts
+    for r, c in zip(log, cks):
+        assert r["fingerprint"] == fingerprint_checkpoint(src / c.name)[0] == fingerprint_checkpoint(c)[0]
+    by = {c.name: [why for n, why in seen if n == c.name] for c in cks}
+    assert any(x.startswith("incomplete") for x in by[cks[0].name])  # the marker alone was not trusted
+    assert any(x.startswith("incomplete") for x in by[cks[1].name]) and "complete (stable)" in by[cks[1].name]
+    assert all(n != "tmp-" + cks[2].name for n, _ in seen)  # the staging folder was never looked at
+    assert sorted(pd.read_csv(run / "summary.csv")["checkpoint"].unique()) == sorted(c.name for c in cks)
+
+
+def test_a_kill_between_the_log_line_and_the_state_leaves_one_log_line(tmp_path, ladder_checkpoints, arith_spec):
+    """Killed after log.jsonl got a checkpoint's line but before state.json recorded it (and with
+    a torn half line at the end of log.jsonl): the restart processes it again from the cache
+    without a second line, and its next line starts on a line of its own."""
+    src = tmp_path / "ckpts"
+    src.mkdir()
+    shutil.copytree(ladder_checkpoints[0], src / ladder_checkpoints[0].name)
+    run = tmp_path / "run"
+    kw = dict(every=0.05, idle_exit=0.002, echo=lambda s: None, **FAST)
+    assert Watcher(src, [arith_spec], run, **kw).run().processed == [ladder_checkpoints[0].name]
+    st = json.loads((run / "watch" / "state.json").read_text())
+    st["processed"] = {}  # the kill came before state.json was written
+    (run / "watch" / "state.json").write_text(json.dumps(st))
+    with open(run / "watch" / "log.jsonl", "a") as fh:
+        fh.write('{"checkpoint": "checkpoint-')  # and a torn line
+    shutil.copytree(ladder_checkpoints[1], src / ladder_checkpoints[1].name)
+    r = Watcher(src, [arith_spec], run, **kw).run()
+    assert r.processed == [p.name for p in ladder_checkpoints[:2]] and r.model_scored == [ladder_checkpoints[1].name]
+    lines = (run / "watch" / "log.jsonl").read_text().splitlines()
+    assert lines[1] == '{"checkpoint": "checkpoint-'  # the torn line stays alone on its line
+    assert [json.loads(x)["checkpoint"] for i, x in enumerate(lines) if i != 1] == [p.name for p in ladder_checkpoints[:2]]

@@ -5,6 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ._cli_common import add_scoring_options
+
+#: = probeselect.export.FORMATS (not imported here: --help must not load pandas)
+EXPORT_FORMATS = ("csv", "tensorboard", "wandb-offline")
+
 
 def _cmd_watch(args: argparse.Namespace) -> int:
     from .watch import Watcher
@@ -41,7 +46,7 @@ def add_parsers(sub) -> None:
     w.add_argument("ckpt_dir", metavar="CKPT_DIR", help="the folder the training run saves checkpoints into")
     w.add_argument("--probes", nargs="+", required=True, metavar="SPEC", help="probe spec YAML files")
     w.add_argument("--out", required=True, help="run folder (one per watched run)")
-    w.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3], help="evaluation seeds (default 0 1 2 3)")
+    add_scoring_options(w)  # the same as `score`'s
     w.add_argument("--every", type=float, default=60.0, metavar="SECONDS",
                    help="poll interval in seconds (default 60); a checkpoint without a trainer marker must be "
                         "unchanged across two polls")
@@ -57,21 +62,17 @@ def add_parsers(sub) -> None:
     w.add_argument("--lineage", default=None, metavar="FILE",
                    help="data windows for the alerts: data_lineage.json or a CSV start_step,end_step,window[,planted] "
                         "(default: data_lineage.json next to the checkpoints, once it exists)")
-    w.add_argument("--heldout", default=None, metavar="FILE", help="held-out text for the bits-per-byte track")
-    w.add_argument("--heldout-stride", type=int, default=None, help="tokens between held-out windows")
-    w.add_argument("--audit-items", type=int, default=50, help="generative audit items per family (0 disables)")
-    w.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
-    w.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    w.add_argument("--max-batch-tokens", type=int, default=8192)
     w.add_argument("--no-report", action="store_true", help="update only dynamics/ (no report.md/html)")
     w.set_defaults(func=_cmd_watch)
 
-    e = sub.add_parser("export", help="export a run's probe series (csv or TensorBoard event files)",
+    e = sub.add_parser("export", help="export a run's probe series (csv, TensorBoard event files, W&B offline run)",
                        description="Write the probe series of RUN_DIR (summary.csv) as steps: a long CSV "
-                                   "(step, tag, value), or TensorBoard event files with tags "
+                                   "(step, tag, value), TensorBoard event files with tags "
                                    "probes/<family>/<variant>/<metric> (needs the tensorboard package: "
-                                   "pip install 'probeselect[tensorboard]').")
+                                   "pip install 'probeselect[tensorboard]'), or a Weights & Biases offline run "
+                                   "with the same tags at the same steps, written without network "
+                                   "(`wandb sync` uploads it; needs pip install 'probeselect[wandb]').")
     e.add_argument("run_dir", metavar="RUN_DIR", help="a folder written by `probeselect score` or `watch`")
-    e.add_argument("--format", required=True, choices=["csv", "tensorboard"])
+    e.add_argument("--format", required=True, choices=EXPORT_FORMATS)
     e.add_argument("--out", default=None, help="output file/folder (default RUN_DIR/export/...)")
     e.set_defaults(func=_cmd_export)

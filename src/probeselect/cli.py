@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from . import __version__
-from ._cli_common import DEVICE_HELP
+from ._cli_common import DEVICE_HELP, add_scoring_options
 from .errors import ProbeselectError, RunInterrupted
 
 
@@ -242,13 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="probe spec YAML files or folders (probes/*.yaml), or the name of a spec shipped with the "
                         "package, usable from any directory: `real` (every real-LM family), `capability`, or a "
                         "family such as real_successive (`probeselect probes list` shows them)")
-    s.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3], help="evaluation seeds (default 0 1 2 3)")
     s.add_argument("--out", default=None, help="run folder (default results/<CKPT_DIR name>)")
-    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                   help="model dtype (default float32; float16 needs CUDA)")
-    s.add_argument("--device", default="auto", help=DEVICE_HELP)
-    s.add_argument("--max-batch-tokens", type=int, default=8192,
-                   help="padded tokens per forward pass; halves automatically on out-of-memory (default 8192)")
+    add_scoring_options(s)  # --seeds --dtype --device --max-batch-tokens --heldout --heldout-stride --audit-items
     s.add_argument("--no-prefix-reuse", action="store_true",
                    help="run every prompt in full; by default prompts of a work unit that share a token prefix of "
                         ">= 32 tokens (e.g. fixed demonstrations) run that prefix once and reuse its KV cache, and "
@@ -258,13 +253,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "prefix is scored without reuse (default 32768)")
     s.add_argument("--chunk-items", type=int, default=1024,
                    help="items per work unit, the grain of caching, resuming and multi-process sharding (default 1024)")
-    s.add_argument("--heldout", default=None, metavar="FILE",
-                   help="held-out text for the bits-per-byte track (.txt one document per line, .jsonl "
-                        "with `text`, or a saved datasets folder); e.g. <toy ladder>/data/heldout.txt")
-    s.add_argument("--heldout-stride", type=int, default=None,
-                   help="tokens between rolling windows (default: the context length, disjoint windows as in lm-eval)")
-    s.add_argument("--audit-items", type=int, default=50,
-                   help="items per family for the greedy generative audit (evaluation seed = first seed; 0 disables; default 50)")
     s.add_argument("--keep-going", action="store_true",
                    help="skip (and record) checkpoints that fail to load instead of stopping")
     s.add_argument("--max-length", type=int, default=None, help="context limit in tokens (default: the model's)")

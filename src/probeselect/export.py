@@ -8,6 +8,13 @@ ones :class:`probeselect.integrations.ProbeCallback` logs:
 ``probes/<family>/<variant>/<metric>`` with metric ``margin`` (mean margin, nats),
 ``accuracy``, ``margin_seed_sd``, ``bits_per_byte`` (held-out NLL) and ``gen_consistency``.
 TensorBoard output needs the ``tensorboard`` package (``pip install 'probeselect[tensorboard]'``).
+
+``fmt="wandb-offline"`` writes a Weights & Biases *offline* run to ``RUN/export/wandb/``
+(``wandb.init(mode="offline")``: no network, no login; ``wandb sync RUN/export/wandb/wandb/offline-run-*``
+uploads it later). Each checkpoint is one ``log`` call at ``step`` = the checkpoint's step,
+with the same tags, plotted against ``train/global_step``; the W&B run id is derived from the
+content of ``summary.csv`` (``probeselect-<12 hex>``: the same tables, the same id). Needs the ``wandb`` package (``pip install 'probeselect[wandb]'``);
+the project is ``$WANDB_PROJECT`` or ``probeselect``, the run name the run folder's name.
 """
 
 from __future__ import annotations
@@ -19,7 +26,10 @@ import pandas as pd
 from ._io import atomic_write_csv, reading
 from .errors import ProbeselectError, UsageError
 
-__all__ = ["probe_series", "export_run"]
+__all__ = ["probe_series", "export_run", "FORMATS"]
+
+#: The ``--format`` choices of ``probeselect export``.
+FORMATS = ("csv", "tensorboard", "wandb-offline")
 
 
 def probe_series(run_dir: str | Path) -> pd.DataFrame:
@@ -70,4 +80,48 @@ def export_run(run_dir: str | Path, *, fmt: str = "csv", out: str | Path | None 
         finally:
             writer.close()
         return path
-    raise UsageError(f"--format {fmt!r}: choose csv or tensorboard.")
+    if fmt == "wandb-offline":
+        return _export_wandb_offline(run, series, Path(out) if out else run / "export" / "wandb")
+    raise UsageError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}.")
+
+
+def _export_wandb_offline(run: Path, series: pd.DataFrame, path: Path) -> Path:
+    """Write ``series`` as one W&B offline run under ``path`` (module docstring)."""
+    import hashlib
+    import os
+    import shutil
+
+    try:
+        import wandb
+    except ImportError:
+        raise UsageError("--format wandb-offline needs the wandb package: pip install 'probeselect[wandb]' "
+                         "(or pip install wandb), or use --format csv or tensorboard.") from None
+    if path.exists() and any(path.glob("wandb/offline-run-*")):
+        raise UsageError(f"--out {path}: already holds a W&B offline run; syncing both would upload the series "
+                         "twice. Remove it or pass another --out.")
+    run_id = "probeselect-" + hashlib.sha256((run / "summary.csv").read_bytes()).hexdigest()[:12]
+    staging = path.with_name(f".{path.name}.tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    quiet = dict(silent=True, console="off", x_disable_stats=True, x_disable_meta=True, save_code=False,
+                 disable_git=True)  # no system metrics, no code or git capture: only the series
+    known = getattr(wandb.Settings, "model_fields", None) or quiet  # older wandb lacks some of these settings
+    settings = wandb.Settings(mode="offline", **{k: v for k, v in quiet.items() if k in known})
+    wrun = wandb.init(dir=str(staging), project=os.environ.get("WANDB_PROJECT") or "probeselect", name=run.name,
+                      id=run_id, mode="offline", config={"probeselect_run_dir": str(run.resolve())},
+                      settings=settings)
+    try:
+        wrun.define_metric("train/global_step")
+        wrun.define_metric("probes/*", step_metric="train/global_step")  # HF Trainer's W&B step axis
+        for step, g in series[series["step"].notna()].groupby("step", sort=True):
+            wrun.log({"train/global_step": int(step), **{t: float(v) for t, v in zip(g["tag"], g["value"])}},
+                     step=int(step))
+    finally:
+        wrun.finish()
+    (path / "wandb").mkdir(parents=True, exist_ok=True)
+    for p in (staging / "wandb").iterdir():  # offline-run-<time>-<id>/ (and wandb's latest-run link)
+        if p.is_symlink():
+            continue
+        os.replace(p, path / "wandb" / p.name)
+    shutil.rmtree(staging, ignore_errors=True)
+    return path

@@ -134,7 +134,7 @@ def _spawn(ckpt_dir: str, name: str, probes: Sequence, out: Path, report: bool,
     env = {**os.environ, "RANK": "0"}  # the child scores alone, whatever the launcher's variables say
     for k in ("LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
-    return subprocess.Popen([sys.executable, "-m", "probeselect.integrations", json.dumps(cfg)], env=env)
+    return subprocess.Popen([sys.executable, "-m", "probeselect.integrations", json.dumps(cfg, default=str)], env=env)
 
 
 def _probe_arg(p) -> dict:

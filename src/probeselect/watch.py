@@ -33,7 +33,9 @@ restart retries it).
 ``state.json`` (every checkpoint processed, with its fingerprint; read at start so a
 restart resumes and each checkpoint is processed once), ``log.jsonl`` (one line per
 processed checkpoint: step, whether model work was done or the cache answered, the moved
-tracks, the probe metrics), and ``RUN/alerts.jsonl`` (one JSON object per alert). A
+tracks, the probe metrics; a run killed between that line and ``state.json`` does not add
+a second one for the same checkpoint and fingerprint, and a line torn by a kill is left on
+its own line), and ``RUN/alerts.jsonl`` (one JSON object per alert). A
 checkpoint that disappears before it was scored (``save_total_limit``) is reported and
 recorded in ``state.json`` (``vanished``); one already scored stays in the tables (its
 scores come from the cache). The score step moves the previous ``dynamics/``,
@@ -228,6 +230,19 @@ def checkpoint_alerts(trajectories: pd.DataFrame, stats: pd.DataFrame, checkpoin
     return out
 
 
+def _jsonl_keys(f: Path, fields: tuple[str, ...]) -> set:
+    """The ``fields`` tuples of the JSON lines of ``f`` (none when it does not exist)."""
+    keys = set()
+    if f.is_file():
+        for line in f.read_text(encoding="utf-8").splitlines():
+            try:
+                r = json.loads(line)
+                keys.add(tuple(r[k] for k in fields))
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue  # a torn last line of a killed run
+    return keys
+
+
 def _num(x):
     x = float(x)
     return int(x) if np.isfinite(x) and x.is_integer() else (x if np.isfinite(x) else None)
@@ -359,7 +374,14 @@ class Watcher:
 
     def _append(self, path: Path, rows: list[dict]) -> None:
         if rows:
+            torn = False
+            if path.is_file() and path.stat().st_size:
+                with open(path, "rb") as fh:  # a line torn by a kill: start on a line of our own
+                    fh.seek(-1, os.SEEK_END)
+                    torn = fh.read(1) != b"\n"
             with open(path, "a", encoding="utf-8") as fh:
+                if torn:
+                    fh.write("\n")
                 for r in rows:
                     fh.write(json.dumps(r, sort_keys=True, default=str) + "\n")
                 fh.flush()
@@ -451,6 +473,7 @@ class Watcher:
         windows = self._windows()
         summary = sres.summary
         seen = self._alert_keys()
+        logged = self._logged_keys()
         for c in ok:
             alerts = checkpoint_alerts(traj, stats, c.name, bpb_tolerance=self.bpb_tolerance,
                                        windows=windows) if len(traj) else []
@@ -462,7 +485,8 @@ class Watcher:
             rec = {"checkpoint": c.name, "step": c.step, "tokens": c.tokens, "fingerprint": c.fingerprint,
                    "processed_utc": _now(), "model_work": model, "seconds": round(secs, 3),
                    "moved": moved, "alerts": len(alerts), "metrics": probe_metrics(summary, c.name)}
-            self._append(self.wdir / "log.jsonl", [rec])
+            if (c.name, c.fingerprint) not in logged:  # a run killed between this line and state.json logged it
+                self._append(self.wdir / "log.jsonl", [rec])
             self.state["processed"][c.name] = {"checkpoint": c.to_dict(), "processed_utc": rec["processed_utc"]}
             self._save_state()
             res.processed.append(c.name)
@@ -505,16 +529,10 @@ class Watcher:
             self.echo(f"[watch] --on-alert command failed: {exc}")
 
     def _alert_keys(self) -> set:
-        f = self.out / "alerts.jsonl"
-        keys = set()
-        if f.is_file():
-            for line in f.read_text(encoding="utf-8").splitlines():
-                try:
-                    a = json.loads(line)
-                    keys.add((a["checkpoint"], a["track"], a["kind"]))
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    continue  # a torn last line of a killed run
-        return keys
+        return _jsonl_keys(self.out / "alerts.jsonl", ("checkpoint", "track", "kind"))
+
+    def _logged_keys(self) -> set:
+        return _jsonl_keys(self.wdir / "log.jsonl", ("checkpoint", "fingerprint"))
 
     def _clean_superseded(self, paths: list[str]) -> None:
         for p in map(Path, paths):

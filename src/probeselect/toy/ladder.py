@@ -408,6 +408,7 @@ def build_toy_ladder(
     train_overrides: dict | None = None,
     num_threads: int | None = None,
     curriculum=None,
+    on_save=None,
 ) -> LadderInfo:
     """Build the toy checkpoint ladder in ``out_dir``.
 
@@ -441,6 +442,11 @@ def build_toy_ladder(
             window, :data:`probeselect.toy.curriculum.PLANTED_CURRICULUM`), ``"uniform"``
             (the default mix throughout), a YAML path or a mapping (see
             :mod:`probeselect.toy.curriculum`). Built-ins are scaled to ``steps``.
+        on_save: called as ``on_save(path, step)`` right after ``checkpoint-<step>`` is in
+            place (complete), before training goes on: e.g. score it with
+            :func:`probeselect.integrations.score_checkpoint_now` while the ladder is still
+            being built (docs/watching.md). Its return value is ignored; it must not change
+            the model (the weights it sees on disk are those saved).
     """
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
@@ -587,6 +593,10 @@ def build_toy_ladder(
                 with _swapped_in(params, ema):
                     _save_checkpoint(model, tokenizer, path, state)
                 checkpoints.append(CheckpointInfo(gstep, str(path), tokens, mean_loss))
+                if on_save is not None:
+                    rng = torch.get_rng_state()  # whatever the hook draws, training goes on as without it
+                    on_save(path, gstep)
+                    torch.set_rng_state(rng)
         if bar is not None:
             bar.close()
         train_seconds = time.time() - t0
