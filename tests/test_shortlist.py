@@ -282,6 +282,7 @@ def test_a_multi_way_tie_is_never_a_one_probe_winner(tmp_path, run, values, winn
     for c in set(winners) - {"c6"}:
         assert "first on flat/x:mean_margin (tied with 1 other)" in t.loc[c, "reason"]
     assert any(f"only {6 - len(winners)} checkpoint(s)" in n for n in res.notes) == bool(winners)
+    assert any("proxy flat/x:mean_margin ranks every candidate the same" in n for n in res.notes) == (len(set(values)) == 1)
 
 
 def test_short_shortlist_note_counts_what_passed(tmp_path, run):

@@ -49,7 +49,7 @@ __all__ = ["RunConfigError", "StageResult", "RunResult", "load_run_config", "run
 STAGES = ("ladder", "score", "average", "dynamics", "lock", "shortlist", "pilot", "select", "confirm", "report")
 _TOP_KEYS = ("out", "ladder", "score", "average", "plan", "pilot", "select", "confirm", "report", "device")
 _SCORE_KEYS = ("probes", "seeds", "n_items", "heldout", "audit_items", "max_batch_tokens", "dtype", "max_length",
-               "on_overflow")
+               "on_overflow", "calibrate")
 
 
 class RunConfigError(ProbeselectError):
@@ -350,7 +350,8 @@ def run_pipeline(config: str | Path, *, overrides: Sequence[str] = (), force: Se
                                 heldout=sc.get("heldout"), audit_items=int(sc.get("audit_items", 0)),
                                 max_batch_tokens=int(sc.get("max_batch_tokens", 8192)),
                                 max_length=sc.get("max_length"), on_overflow=sc.get("on_overflow", "error"),
-                                dtype=sc.get("dtype", "float32"), device=device, progress=progress)
+                                dtype=sc.get("dtype", "float32"), device=device, progress=progress,
+                                calibrate=bool(sc.get("calibrate", False)))
         return (f"scored {len(res.scored)} checkpoint(s) ({len(res.manifest['checkpoints']) - len(res.scored)} cached)"
                 + _truncation_note(res.manifest))
 

@@ -205,6 +205,12 @@ def shortlist(run_dir: str | Path, plan_path: str | Path, *, out_dir: str | Path
 
     # One-probe winners.
     n = int(complete.sum())
+    for p in ranks.columns:
+        if n > 1 and ranks.loc[complete, p].nunique() == 1:
+            notes.append(f"proxy {p} ranks every candidate the same (an all-way tie, e.g. prompt variants whose ranks "
+                         "mirror each other): it does not discriminate and makes no one-probe winner. For a family whose "
+                         "variants swap the task and shortcut labels (real_truthy) rank `calibrated_mean_margin` "
+                         "(`score --calibrate`) instead.")
     half = (n + 1) / 2
     one_probe: dict[str, str] = {}
     for c in ranks.index[complete]:

@@ -22,7 +22,7 @@ from typing import Iterator
 
 from ._demos import icl_prompts
 from ..items import ProbeItem, item_rng
-from ._real import check_boundary, check_int, make_item, selected
+from ._real import check_boundary, check_int, content_free, make_item, selected
 from ._registry import register_family
 from ._spec import FamilySpec
 
@@ -87,7 +87,7 @@ def real_intuitive(spec: FamilySpec, seed: int) -> Iterator[ProbeItem]:
         for i in range(spec.n_items):
             template = TEMPLATES[i % len(TEMPLATES)]
             probs.append((template, *crt_problem(template, item_rng(FAMILY, "query", i))))
-        prompts = icl_prompts([], [_render(fmt, p[1]) for p in probs], strategy="none", k=0, seed=seed, joiner="\n")
+        prompts = icl_prompts([], [_render(fmt, content_free(spec) or p[1]) for p in probs], strategy="none", k=0, seed=seed, joiner="\n")
         for i, (p, (prompt, _)) in enumerate(zip(probs, prompts)):
             template, _q, correct, intuitive, other = p
             yield make_item(spec, variant, seed, i, prompt, str(correct), str(intuitive), [str(other)],

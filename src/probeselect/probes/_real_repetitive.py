@@ -31,7 +31,7 @@ from typing import Callable, Iterator
 
 from ._demos import STRATEGIES, build_icl_prompt, demo_block
 from ..items import ProbeItem, item_rng
-from ._real import check_boundary, check_int, check_tasks, load_data, make_item, selected
+from ._real import check_boundary, check_int, check_tasks, content_free, load_data, make_item, selected
 from ._registry import register_family
 from ._spec import FamilySpec
 
@@ -159,7 +159,9 @@ def real_repetitive(spec: FamilySpec, seed: int) -> Iterator[ProbeItem]:
             chosen = STRATEGIES["random"](pool, k, item_rng(FAMILY, variant, seed, i))
             blocks = [demo_block({"prompt": _render(task, fmt, d, j + 1), "answer": d["answer"]})
                       for j, d in enumerate(chosen)]
-            prompt = build_icl_prompt(blocks, _render(task, fmt, q, k + 1), "\n")
+            cf = content_free(spec)
+            shown = q if cf is None else {"eq": cf, "word": cf, "letter": cf, "code": cf}
+            prompt = build_icl_prompt(blocks, _render(task, fmt, shown, k + 1), "\n")
             if task == "algebra" and fmt == "instruction":
                 prompt = "Solve each equation for a.\n" + prompt
             ans = int(q["answer"])

@@ -21,7 +21,8 @@ from typing import Iterator
 
 from ._demos import icl_prompts
 from ..items import ProbeItem
-from ._real import check_boundary, check_int, check_tasks, load_data, make_item, selected, variant_names
+from ._real import (check_boundary, check_int, check_tasks, content_free, load_data, make_item, selected,
+                    variant_names)
 from ._registry import register_family
 from ._spec import FamilySpec
 
@@ -63,8 +64,8 @@ def real_truthy(spec: FamilySpec, seed: int) -> Iterator[ProbeItem]:
         wrong = "True" if correct == "False" else "False"
         demos = [{"prompt": _render(fmt, s), "answer": a} for s, a in pool]
         tests = tests[: spec.n_items]
-        prompts = icl_prompts(demos, [_render(fmt, s) for s in tests], strategy="random", k=spec.n_demos, seed=seed,
-                              joiner="\n")
+        queries = [_render(fmt, content_free(spec) or s) for s in tests]
+        prompts = icl_prompts(demos, queries, strategy="random", k=spec.n_demos, seed=seed, joiner="\n")
         for i, (s, (prompt, used)) in enumerate(zip(tests, prompts)):
             yield make_item(spec, variant, seed, i, prompt, correct, wrong, (),
                             {"task": task, "format": fmt, "statement": s,
