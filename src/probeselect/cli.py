@@ -274,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "from the left as lm-eval does (recorded as truncated_tokens per item, counted in summary.csv)")
     s.add_argument("--calibrate", action="store_true",
                    help="also score the content-free reference <family>_cf of every calibrated family (real_truthy, "
-                        "real_flipped, real_successive, real_repetitive, real_intuitive): the chance reference of its "
+                        "real_flipped, real_successive, real_repetitive, real_intuitive, arith_pattern): the chance reference of its "
                         "margins (contextual calibration; the report shows raw and calibrated margins side by side)")
     s.add_argument("--tokenizer", default=None, help="tokenizer folder, for checkpoints saved without one")
     s.add_argument("--allow-tokenizer-mismatch", action="store_true",

@@ -16,7 +16,7 @@ from probeselect.probes._calibration import CALIBRATED, calibrated_margins, cali
 
 SMALL = {"real_truthy": dict(n_items=2, n_demos=2), "real_flipped": dict(n_items=4, n_demos=2),
          "real_successive": dict(n_items=2, n_demos=3), "real_repetitive": dict(n_items=3, n_demos=2),
-         "real_intuitive": dict(n_items=4)}
+         "real_intuitive": dict(n_items=4), "arith_pattern": dict(n_items=3, n_demos=3)}
 
 
 @pytest.mark.parametrize("family", CALIBRATED)
@@ -42,7 +42,7 @@ def test_content_free_items_differ_only_in_the_query_content(family):
 
 
 def test_only_families_with_a_content_slot_get_a_reference():
-    specs = [spec_from_dict({"family": f}) for f in ("real_persona", "arith_pattern", "real_truthy")]
+    specs = [spec_from_dict({"family": f}) for f in ("real_persona", "arith_plain", "real_truthy")]
     assert [s.family for s in calibration_specs(specs)] == ["real_truthy_cf"]
     given = specs + [dataclasses.replace(specs[-1], family="real_truthy_cf")]
     assert calibration_specs(given) == []  # an explicit _cf spec is not doubled

@@ -22,7 +22,8 @@ the ``_cf`` family of every supported family that is scored; :func:`calibrated_m
 builds the raw-vs-calibrated table the report shows.
 
 Supported: the real families whose query has a content slot (``real_truthy``,
-``real_flipped``, ``real_successive``, ``real_repetitive``, ``real_intuitive``).
+``real_flipped``, ``real_successive``, ``real_repetitive``, ``real_intuitive``) and
+``arith_pattern`` (its expression; "N/A =" / "Q: What is N/A? A:" / "N/A is").
 ``real_persona`` is generative multi-hop QA whose answer cue repeats the question's
 content, so it has no content-free form here.
 """
@@ -42,7 +43,7 @@ from ._spec import FamilySpec
 CONTENT_FREE = "N/A"
 SUFFIX = "_cf"
 #: Families with a content-free companion ``<family>_cf``.
-CALIBRATED = ("real_truthy", "real_flipped", "real_successive", "real_repetitive", "real_intuitive")
+CALIBRATED = ("real_truthy", "real_flipped", "real_successive", "real_repetitive", "real_intuitive", "arith_pattern")
 
 
 def cf_name(family: str) -> str:

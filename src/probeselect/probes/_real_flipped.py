@@ -70,10 +70,11 @@ def real_flipped(spec: FamilySpec, seed: int) -> Iterator[ProbeItem]:
         ls = load_data("flipped.json")["label_sets"][task]
         a, b = ls["labels"]
         flip = {a: b, b: a}
+        shown = {a: a, b: b} if spec.params.get("plain") else flip  # plain (capability): correct demo labels
         demos, tests = [], []
         for label_id, lab in enumerate((a, b)):
             texts = ls["texts"][lab]
-            demos += [{"prompt": _render(task, fmt, t), "answer": flip[lab], "label": label_id}
+            demos += [{"prompt": _render(task, fmt, t), "answer": shown[lab], "label": label_id}
                       for t in texts[N_TEST_PER_CLASS:]]
         for j in range(N_TEST_PER_CLASS):  # alternate the classes so any n_items prefix is balanced
             for lab in (a, b):

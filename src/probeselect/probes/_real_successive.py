@@ -142,8 +142,11 @@ def real_successive(spec: FamilySpec, seed: int) -> Iterator[ProbeItem]:
         demos = []
         for s in range(spec.params["n_demo_sets"]):
             r = item_rng(FAMILY, task, "demo_set", s)
-            demos += [{"prompt": _render(task, fmt, _problem(task, a, r)), "answer": a, "demo_set": s}
-                      for a in _sequence(task, max_k(task))]
+            rows = [{"prompt": _render(task, fmt, _problem(task, a, r)), "answer": a, "demo_set": s}
+                    for a in _sequence(task, max_k(task))]
+            if spec.params.get("plain"):  # capability: the same problems in a random order, no successive answers
+                item_rng(FAMILY, task, "plain_order", s).shuffle(rows)
+            demos += rows
         tests = []
         pool = [a for a in _test_answers(task, k) if a not in (shortcut, seq[k - 1])]
         for i in range(spec.n_items):
