@@ -13,6 +13,13 @@ Tasks (hand-written statements in ``data/real/truthy.json``): ``common_misconcep
 (45 statements that sound false but are true; pool 3:1 false). Formats: ``qa`` and
 ``statement`` ("Statement: ...\\nAnswer: X"). Demonstrations: ``random`` as in GDsuite,
 ``n_demos`` drawn afresh for each item from one stream per (task, format, seed).
+
+The two tasks swap which label is the task answer, so a model's True/False prior enters
+their raw margins with opposite signs (a label-biased model scores about -b and +b: the
+per-variant ranks mirror and a ``variant: "*"`` proxy ties every checkpoint). Read them
+against the content-free reference (``score --calibrate``: ``real_truthy_cf``,
+``calibrated_mean_margin`` per variant; :mod:`._calibration`), which removes that prior per
+variant, next to the capability twin ``real_truthy_plain`` (:mod:`._real_plain`).
 """
 
 from __future__ import annotations
