@@ -73,3 +73,16 @@ def test_truthy_plain_is_balanced_and_its_statements_are_never_in_a_truthy_promp
         assert labels["True"] == labels["False"] == 4
         assert it.metadata["statement"] not in prompts
         assert it.task_answer == (" False" if it.variant.startswith("common_misconception") else " True")
+
+
+def test_intuitive_plain_asks_the_same_numbers_without_the_trap():
+    from probeselect.probes._real_intuitive import TEMPLATES
+
+    spec = {"n_items": 8, "variants": ["crt.qa"]}
+    plain = generate_items(spec_from_dict({"family": "real_intuitive_plain", **spec}), [0])
+    trap = generate_items(spec_from_dict({"family": "real_intuitive", **spec}), [0])
+    assert {it.metadata["template"] for it in plain} == set(TEMPLATES)
+    for p, t in zip(plain, trap):
+        assert (p.task_answer, p.shortcut_answer) == (t.task_answer, t.shortcut_answer) and p.prompt != t.prompt
+        for cue in ("more than the", "If it takes", "doubles in size", "All but"):
+            assert cue not in p.prompt

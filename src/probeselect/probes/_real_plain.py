@@ -17,9 +17,12 @@ margin is against that near miss and the headline metric is ``candidate_accuracy
   label, never shown in any truthy prompt) after demonstrations balanced between True and
   False; ``common_misconception.*`` asks false ones, ``surprising_truth.*`` true ones, so each
   variant keeps its conflict twin's correct label.
+* ``real_intuitive_plain``: the same CRT numbers, objects and answers asked without the trap
+  ("The bat costs 105 cents." instead of "100 cents more than the ball"; "each of 100
+  machines makes one widget in 5 minutes"; "it covered half one day before"; "m of them
+  stayed"); the intuitive answer stays a foil.
 
-``real_intuitive`` (zero-shot CRT) and ``real_persona`` (multi-hop persona QA) have no plain
-twin yet.
+``real_persona`` (multi-hop persona QA) has no plain twin yet.
 """
 
 from __future__ import annotations
@@ -32,9 +35,10 @@ from ._registry import get_family, is_builtin_family, register_family
 from ._spec import FamilySpec
 
 PLAIN = {"real_flipped": "real_flipped_plain", "real_successive": "real_successive_plain",
-         "real_repetitive": "real_repetitive_plain", "real_truthy": "real_truthy_plain"}
+         "real_repetitive": "real_repetitive_plain", "real_truthy": "real_truthy_plain",
+         "real_intuitive": "real_intuitive_plain"}
 FOIL_KIND = {"real_flipped": "flipped_label", "real_successive": "next_in_sequence",
-             "real_repetitive": "repeated_answer", "real_truthy": "other_label"}
+             "real_repetitive": "repeated_answer", "real_truthy": "other_label", "real_intuitive": "intuitive_answer"}
 DEFAULT_N_ITEMS = {"real_truthy": 10}
 
 
