@@ -33,8 +33,8 @@ def real_items():
 
 def test_specs_validate_and_sizes(real_items):
     assert [p for p, err in validate_probe_files([REPO / "probes" / "real"]) if err] == []
-    # the six conflict families and the capability twins of five (tests/probes/test_real_plain.py)
-    assert {load_spec(p).family for p in REAL} == set(FAMILIES) | {f"{f}_plain" for f in FAMILIES[:5]}
+    # the six conflict families and their capability twins (tests/probes/test_real_plain.py)
+    assert {load_spec(p).family for p in REAL} == set(FAMILIES) | {f"{f}_plain" for f in FAMILIES}
     from collections import Counter
 
     for name, items in real_items.items():
@@ -45,7 +45,7 @@ def test_specs_validate_and_sizes(real_items):
             counts = Counter(it.variant for it in items if it.seed == seed)
             assert counts == {v: spec.n_items for v in spec.variants}, (name, seed, counts)
         # the shipped suite's size (README); truthy_plain: the 10 plain statements per label no truthy prompt shows
-        floor = {"truthy": 40, "persona": 40, "truthy_plain": 10}.get(name, 100)
+        floor = {"truthy": 40, "persona": 40, "persona_plain": 40, "truthy_plain": 10}.get(name, 100)
         assert spec.n_items >= floor, (name, spec.n_items)
 
 

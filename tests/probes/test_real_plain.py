@@ -86,3 +86,12 @@ def test_intuitive_plain_asks_the_same_numbers_without_the_trap():
         assert (p.task_answer, p.shortcut_answer) == (t.task_answer, t.shortcut_answer) and p.prompt != t.prompt
         for cue in ("more than the", "If it takes", "doubles in size", "All but"):
             assert cue not in p.prompt
+
+
+def test_persona_plain_leaves_out_the_persona_own_fact_of_the_asked_relation():
+    spec = {"n_items": 8, "variants": ["multihop.qa"]}
+    for p, t in zip(generate_items(spec_from_dict({"family": "real_persona_plain", **spec}), [0, 1]),
+                    generate_items(spec_from_dict({"family": "real_persona", **spec}), [0, 1])):
+        own = "I live in" if p.metadata["question"].endswith("town") else "I work as"
+        assert own in t.prompt and own not in p.prompt and p.candidates == t.candidates
+        assert p.task_answer.strip() in p.prompt and p.shortcut_answer.strip() not in p.prompt

@@ -22,7 +22,9 @@ margin is against that near miss and the headline metric is ``candidate_accuracy
   machines makes one widget in 5 minutes"; "it covered half one day before"; "m of them
   stayed"); the intuitive answer stays a foil.
 
-``real_persona`` (multi-hop persona QA) has no plain twin yet.
+* ``real_persona_plain``: the same two-hop questions over the same fact pool without the
+  persona's own fact of the asked relation (no "I live in ..." before "In which town does your
+  sister live?"), so the one-hop answer is not in context; it stays a foil.
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ from ._spec import FamilySpec
 
 PLAIN = {"real_flipped": "real_flipped_plain", "real_successive": "real_successive_plain",
          "real_repetitive": "real_repetitive_plain", "real_truthy": "real_truthy_plain",
-         "real_intuitive": "real_intuitive_plain"}
+         "real_intuitive": "real_intuitive_plain", "real_persona": "real_persona_plain"}
 FOIL_KIND = {"real_flipped": "flipped_label", "real_successive": "next_in_sequence",
-             "real_repetitive": "repeated_answer", "real_truthy": "other_label", "real_intuitive": "intuitive_answer"}
+             "real_repetitive": "repeated_answer", "real_truthy": "other_label", "real_intuitive": "intuitive_answer",
+             "real_persona": "own_fact_not_in_context"}
 DEFAULT_N_ITEMS = {"real_truthy": 10}
 
 
