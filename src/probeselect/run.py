@@ -175,6 +175,9 @@ def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str
     if ovf not in ("error", "truncate"):
         raise RunConfigError(f"{src}: score.on_overflow must be `error` (stop on a prompt longer than the context) or "
                              f"`truncate` (cut it from the left as lm-eval does); got {ovf!r}.")
+    if not isinstance(sc.get("calibrate", False), bool):
+        raise RunConfigError(f"{src}: score.calibrate must be true (also score each family's content-free reference, "
+                             f"`probeselect score --calibrate`) or false; got {sc['calibrate']!r}.")
     ml = sc.get("max_length")
     if ml is not None and (isinstance(ml, bool) or not isinstance(ml, int) or ml < 2):
         raise RunConfigError(f"{src}: score.max_length must be an integer >= 2 (the context limit in tokens) or null "

@@ -125,3 +125,15 @@ def test_a_query_blind_model_calibrates_to_zero(blind_and_reading, tmp_path):
                               audit_items=0)
     assert "calibrated_mean_margin" not in plain.summary.columns
     assert not plain.summary["family"].str.endswith("_cf").any() and calibration_section(tmp_path / "plain") is None
+
+
+def test_run_config_takes_calibrate(tmp_path):
+    from probeselect.run import RunConfigError, load_run_config
+
+    p = tmp_path / "c.yaml"
+    base = "out: x\nladder: y\nplan: p.yaml\npilot: {recipe: r.yaml}\nscore: {probes: [a.yaml], calibrate: %s}\n"
+    p.write_text(base % "true")
+    assert load_run_config(p)["score"]["calibrate"] is True
+    p.write_text(base % "'yes'")
+    with pytest.raises(RunConfigError, match="score.calibrate must be true"):
+        load_run_config(p)
