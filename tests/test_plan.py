@@ -205,3 +205,44 @@ def test_shortlist_before_the_lock_or_with_another_plan_is_post_hoc(run, tmp_pat
     lock_plan(plan, d, force=True)
     st = check_lock(d)
     assert st.post_hoc and any("existed before the plan was locked" in r for r in st.reasons)
+
+
+def test_lock_names_the_smallest_k_and_designs_that_can_work(run, capsys):
+    """An unbeatable null names the smallest useful k and a design that fits the run (more
+    bases, fewer proxies) or says that none does on this ladder; `plan lock` prints it."""
+    d, plan = run
+    plan.write_text(PLAN.replace("k: 5", "k: 3"))  # k = 3, 2 proxies, 6 candidate checkpoints
+    with pytest.raises(SelectionError, match=r"smallest k that could beat the null is 5 \(the run has 6 candidate "
+                                             r"checkpoints\)\. Designs that can work: k = 5 with these 2 proxies"):
+        lock_plan(plan, d)
+    four = PLAN.replace("k: 5", "k: 3\ncandidates: [10, 20, 30, 40]")
+    plan.write_text(four)
+    with pytest.raises(SelectionError, match=r"none on this ladder: the run has 4 candidate checkpoint\(s\), and even "
+                                             r"2 proxies need k >= 5.*Score more checkpoints \(at least 5"):
+        lock_plan(plan, d)
+    assert main(["plan", "lock", str(plan), "--run", str(d), "--allow-weak"]) == 0
+    err = capsys.readouterr().err
+    assert "Designs that can work: none on this ladder" in err
+    rec = json.loads((d / "plan.lock.json").read_text())
+    assert rec["proxy_null"]["n_candidates"] == 4 and rec["proxy_null"]["max_proxies_at_k"] == 0
+    plan.write_text(PLAN)  # k = 5
+    assert main(["plan", "lock", str(plan), "--run", str(d), "--force"]) == 0
+    out = capsys.readouterr().out
+    assert "proxy null: k = 5 bases, 3 candidates looked at" in out and "can succeed" in out
+
+
+def test_lock_refuses_data_windows_without_lineage_and_prints_step_strata(run, capsys):
+    d, plan = run
+    plan.write_text(PLAN + "stratify: data_windows\n")
+    with pytest.raises(ProbeSpecError, match=r"stratify: data_windows needs data_lineage\.json"):
+        lock_plan(plan, d, allow_weak=True)
+    assert main(["plan", "lock", str(plan), "--run", str(d), "--allow-weak"]) == 2
+    assert "by: steps, strata: 3" in capsys.readouterr().err and not (d / "plan.lock.json").exists()
+    plan.write_text(PLAN + "stratify: {by: steps, strata: 3}\n")
+    assert main(["plan", "lock", str(plan), "--run", str(d), "--allow-weak"]) == 0
+    out = capsys.readouterr().out
+    assert "stratum steps 10-20: checkpoint-10, checkpoint-20" in out and "stratum steps 50-60" in out
+    rec = json.loads((d / "plan.lock.json").read_text())
+    assert rec["strata"] == {"steps 10-20": ["checkpoint-10", "checkpoint-20"],
+                             "steps 30-40": ["checkpoint-30", "checkpoint-40"],
+                             "steps 50-60": ["checkpoint-50", "checkpoint-60"]}

@@ -311,3 +311,14 @@ def test_p_best_splits_exact_ties_evenly(tmp_path):
     two = transfer[transfer["base"] != "c"]
     t2 = rank_bases(PilotTables(tmp_path, two, None, None), SelectionSpec(primary="task_accuracy")).table.set_index("base")
     assert t2["p_best"].tolist() == pytest.approx([0.5, 0.5], abs=1e-12)
+
+
+@pytest.mark.parametrize("n_bases", [2, 3])
+def test_all_zero_tie_is_split_evenly_everywhere(tmp_path, n_bases):
+    """Every base at 0 on every seed (a transfer metric at floor): p_best is 1/k for each and
+    P(top beats runner-up) is 0.5, never 1 and 0 for whichever base happens to be listed first."""
+    transfer = pd.DataFrame([dict(base=f"b{i}", seed=s, metric="task_accuracy", value=0.0)
+                             for i in range(n_bases) for s in range(3)])
+    r = rank_bases(PilotTables(tmp_path, transfer, None, None), SelectionSpec(primary="task_accuracy"))
+    assert r.table["p_best"].tolist() == pytest.approx([1 / n_bases] * n_bases, abs=1e-12)
+    assert r.p_top_beats_runner_up == pytest.approx(0.5) and r.verdict == "no_clear_winner" and r.recommended is None

@@ -189,10 +189,11 @@ def test_ranks_and_scores_are_oriented(tmp_path, run):
 def test_stratify_by_data_windows(tmp_path, run):
     """`stratify: data_windows`: the best eligible overall, then the best of each other window."""
     plan = _plan(tmp_path, PROXIES + "k: 3\nstratify: data_windows\n")
-    # without a lineage file: the plain top k, and a note that says so
-    res = shortlist(run, plan)
-    assert res.selected == ["c3", "c4", "c5"]
-    assert any("NOT stratified" in n for n in res.notes)
+    # without a lineage file: an error naming the step-range alternative, never a silent top k
+    with pytest.raises(ProbeSpecError, match=r"plan\.yaml: stratify: data_windows needs data_lineage\.json.*"
+                                             r"stratify: \{by: steps, strata: 3\}"):
+        shortlist(run, plan)
+    assert not (run / "shortlist.csv").exists()
     ladder = tmp_path / "ladder"
     ladder.mkdir()
     atomic_write_json(run / "manifest.json", {"status": "complete", "created_utc": "2999-01-01T00:00:00+00:00",
@@ -212,3 +213,111 @@ def test_stratify_by_data_windows(tmp_path, run):
     assert json.loads((run / "shortlist.json").read_text())["plan"]["stratify"] == "data_windows"
     with pytest.raises(ProbeSpecError, match="stratify"):
         load_plan(_plan(tmp_path, PROXIES + "stratify: windows\n", "bad.yaml"))
+
+
+@pytest.mark.parametrize("stratify, k, selected, labels", [
+    # mean ranks: c3 1.5, c4 2.5, c5 3, c2 4.33, c1 6; c6 is a one-probe winner (excluded)
+    ("{by: steps, strata: 3}", 3, ["c3", "c5", "c2"], ["steps 1-2"] * 2 + ["steps 3-4"] * 2 + ["steps 5-6"] * 2),
+    ("{by: steps, edges: [2, 4]}", 3, ["c3", "c5", "c2"], ["steps 1-2"] * 2 + ["steps 3-4"] * 2 + ["steps 5-6"] * 2),
+    ("{by: tokens, edges: [1500]}", 2, ["c3", "c1"], ["tokens 1000"] + ["tokens 2000-6000"] * 5),
+    # 6 candidates in 4 strata: sizes 2, 2, 1, 1; stratum 'steps 6' has no eligible checkpoint (c6), so the
+    # fourth place goes to the best remaining by aggregate (c4)
+    ("{by: steps, strata: 4}", 4, ["c3", "c4", "c5", "c2"], ["steps 1-2"] * 2 + ["steps 3-4"] * 2 + ["steps 5"]
+     + ["steps 6"]),
+])
+def test_stratify_by_step_or_token_ranges_without_lineage(tmp_path, run, stratify, k, selected, labels):
+    """Strata by step/token ranges need no data_lineage.json: the best eligible overall, then
+    the best of each other stratum; the strata depend only on the ladder's positions."""
+    res = shortlist(run, _plan(tmp_path, PROXIES + f"k: {k}\nstratify: {stratify}\n"))
+    assert res.selected == selected
+    t = res.table.set_index("checkpoint")
+    assert t.loc[CKPTS, "stratum"].tolist() == labels
+    assert any("strata fixed by the plan before the scores" in n for n in res.notes)
+    plain = ["c3", "c4", "c5", "c2", "c1"][:k]  # the unstratified top k
+    for c in selected:  # behind the plain top k: shortlisted for its stratum, and the reason says so
+        assert (f"as the best of stratum {t.loc[c, 'stratum']!r}" in t.loc[c, "reason"]) == (c not in plain)
+    assert json.loads((run / "shortlist.json").read_text())["plan"]["stratify"]["by"] in ("steps", "tokens")
+
+
+@pytest.mark.parametrize("text, match", [
+    ("stratify: {by: steps, strata: 7}\n", r"stratify\.strata = 7 but the run has 6 candidate"),
+    ("stratify: {by: epochs, strata: 2}\n", r"stratify\.by must be one of"),
+    ("stratify: {by: steps}\n", r"exactly one of `strata: N`"),
+    ("stratify: {by: steps, strata: 2, edges: [3]}\n", r"exactly one of `strata: N`"),
+    ("stratify: {by: steps, edges: [4, 2]}\n", r"strictly increasing"),
+    ("stratify: {by: steps, strata: 1}\n", r"integer >= 2"),
+    ("stratify: steps\n", r"stratify must be null, 'data_windows'"),
+])
+def test_bad_stratify_is_rejected(tmp_path, run, text, match):
+    with pytest.raises(ProbeSpecError, match=match):
+        shortlist(run, _plan(tmp_path, PROXIES + text))
+
+
+def _with_flat(run, values):
+    """Add a family `flat` whose mean_margin is ``values`` per checkpoint (c1..c6)."""
+    s = pd.read_csv(run / "summary.csv")
+    extra = pd.DataFrame([dict(checkpoint=ck, step=i + 1, tokens=(i + 1) * 1000, family="flat", variant="x",
+                               kind="conflict", mean_margin=v, accuracy=0.0, candidate_accuracy=0.0)
+                          for i, (ck, v) in enumerate(zip(CKPTS, values))])
+    atomic_write_csv(run / "summary.csv", pd.concat([s, extra], ignore_index=True))
+
+
+@pytest.mark.parametrize("values, winners", [
+    ([-2.5] * 6, []),                          # all-way tie: the proxy is constant, nobody is first on it
+    # 4 of 6 share first place: singles nobody out (c6, first on conf and bottom on cap and flat, still is one)
+    ([1.0, 1.0, 1.0, 1.0, 0.0, 0.0], ["c6"]),
+    ([1.0, 1.0, 0.0, 0.0, 0.0, 0.0], ["c1", "c2", "c6"]),  # a 2-way tie at the top still picks c1 and c2 out
+])
+def test_a_multi_way_tie_is_never_a_one_probe_winner(tmp_path, run, values, winners):
+    """conf ranks c1 6, c2 5 and cap ranks c1 6, c2 4 (bottom half on both): being tied first
+    on a proxy with most candidates makes neither a one-probe winner (the old rule excluded
+    c1 and c2 as 'first on flat (tied with 5 others)')."""
+    _with_flat(run, values)
+    proxies = PROXIES.replace("  - {family: rel, variant: x, metric: mean_margin}\n",
+                              "  - {family: flat, variant: x, metric: mean_margin}\n")
+    res = shortlist(run, _plan(tmp_path, proxies + "k: 6\n"))
+    t = res.table.set_index("checkpoint")
+    assert sorted(t.index[t["one_probe_winner"]]) == winners
+    assert sorted(res.excluded) == winners
+    for c in set(winners) - {"c6"}:
+        assert "first on flat/x:mean_margin (tied with 1 other)" in t.loc[c, "reason"]
+    assert any(f"only {6 - len(winners)} checkpoint(s)" in n for n in res.notes) == bool(winners)
+    assert any("proxy flat/x:mean_margin ranks every candidate the same" in n for n in res.notes) == (len(set(values)) == 1)
+
+
+def test_short_shortlist_note_counts_what_passed(tmp_path, run):
+    """The note separates checkpoints that pass the constraints from one-probe winners."""
+    res = shortlist(run, _plan(tmp_path, PROXIES + "k: 6\n"))
+    assert res.selected == ["c3", "c4", "c5", "c2", "c1"]
+    note = next(n for n in res.notes if n.startswith("only 5 checkpoint(s) are eligible"))
+    assert "6 of 6 candidates have a value on every proxy and pass the constraints" in note
+    assert "1 of them (c6) are excluded as one-probe winners" in note
+
+
+@pytest.mark.parametrize("within, passing", [
+    ("0.05", ["c4", "c5", "c6"]),                             # absolute: best 1.30 + 0.05
+    ("{absolute: 0.05}", ["c4", "c5", "c6"]),
+    ("{relative: 0.02}", ["c4", "c6"]),                       # 1.30 x 1.02 = 1.326
+    ("{spread: 0.5}", ["c2", "c4", "c5", "c6"]),              # 1.30 + 0.5 x (1.50 - 1.30) = 1.40
+    ("{spread: 0}", ["c4"]),
+    ("{spread: 1}", CKPTS),
+])
+def test_heldout_bpb_within_absolute_relative_or_spread(tmp_path, run, within, passing):
+    res = shortlist(run, _plan(tmp_path, PROXIES + f"constraints: {{heldout_bpb_within: {within}}}\nk: 3\n"))
+    t = res.table.set_index("checkpoint")
+    assert list(t.index[t["pass_heldout_bpb"].astype(bool)]) == passing
+    if "relative" in within:
+        assert "more than 0.02 x the best candidate's 1.3000 above it (limit 1.3260)" in t.loc["c5", "reason"]
+    if "spread: 0.5" in within:
+        assert "0.5 of the candidates' range 1.3000-1.5000 above the best (limit 1.4000)" in t.loc["c3", "reason"]
+
+
+@pytest.mark.parametrize("within, match", [
+    ("{relativ: 0.02}", r"Did you mean \"relative\""),
+    ("{spread: 2}", r"fraction of the candidates' range"),
+    ("{relative: -0.1}", r"must be >= 0"),
+    ("{relative: 0.1, spread: 0.2}", r"must be a number .* or one of"),
+])
+def test_bad_heldout_bpb_within_is_rejected(tmp_path, run, within, match):
+    with pytest.raises(ProbeSpecError, match=match):
+        shortlist(run, _plan(tmp_path, PROXIES + f"constraints: {{heldout_bpb_within: {within}}}\n"))

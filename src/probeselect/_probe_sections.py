@@ -449,6 +449,42 @@ def _averaging_section(run_dir: Path, avg_dir: Path | None, avg_cmp: pd.DataFram
 # ---------------------------------------------------------------------------
 
 
+def calibration_section(run_dir: Path) -> Section | None:
+    """Raw margins next to their content-free reference (``score --calibrate``); None when the run
+    has no ``<family>_cf`` rows (the report is then unchanged)."""
+    from .probes._calibration import CONTENT_FREE, calibrated_margins
+
+    path = run_dir / "summary.csv"
+    if not path.is_file():
+        return None
+    cal = calibrated_margins(pd.read_csv(path))
+    if cal.empty:
+        return None
+    fam = (cal.groupby(["family", "checkpoint"], sort=False)
+           .agg(step=("step", "first"), mean_margin=("mean_margin", "mean"), cf_mean_margin=("cf_mean_margin", "mean"),
+                calibrated_mean_margin=("calibrated_mean_margin", "mean"), accuracy=("accuracy", "mean"),
+                cf_accuracy=("cf_accuracy", "mean"))
+           .reset_index().sort_values(["family", "step", "checkpoint"], kind="stable"))
+    per_var = cal.sort_values(["family", "variant", "step", "checkpoint"], kind="stable")
+    return Section("Margins against a content-free reference", [
+        Para(f"Each calibrated family was also scored with every query's content replaced by {CONTENT_FREE!r} (same "
+             "demonstrations, format and candidates; contextual calibration). Its margin is the model's prior for the "
+             "task answer over the shortcut before reading the query: the chance reference. **calibrated = raw - "
+             "reference** is what the query's content adds; a model that ignores the query (e.g. a random-init "
+             "checkpoint) sits near 0 whatever its raw margin, and a raw margin that the reference explains is no "
+             "evidence of shortcut resistance. Means over each family's prompt variants, in nats; the content-free "
+             "accuracy is the accuracy the prior alone gets."),
+        df_table(fam, ["family", "checkpoint", "mean_margin", "cf_mean_margin", "calibrated_mean_margin", "accuracy",
+                       "cf_accuracy"],
+                 ["family", "checkpoint", "raw margin", "content-free reference", "calibrated margin", "raw accuracy",
+                  "content-free accuracy"]),
+        Para("Per prompt variant (a family whose variants answer with opposite labels, such as `real_truthy`, can cancel "
+             "in a raw mean; its calibrated variants do not share the label prior):"),
+        df_table(per_var, ["family", "variant", "checkpoint", "mean_margin", "cf_mean_margin", "calibrated_mean_margin"],
+                 ["family", "variant", "checkpoint", "raw margin", "content-free reference", "calibrated margin"]),
+    ])
+
+
 class ProbeSections(NamedTuple):
     """The probe-evidence sections of a scored run (see :func:`probe_sections`)."""
 
@@ -476,6 +512,7 @@ def probe_sections(run_dir: str | Path, *, averaged_run_dir: str | Path | None =
     figs = dyn.plots
     evidence = [
         _shortlist_section(sl, sl_meta, run_dir),
+        *([c] if (c := calibration_section(run_dir)) is not None else []),
         Section("Margin trajectories", [Figure(
             figs["margin_trajectories"],
             "Look for lines that go up and come back down (or down and back up) by more than their seed band: those are "

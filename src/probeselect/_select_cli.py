@@ -24,6 +24,11 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     rec = lock_plan(args.plan, args.run, force=args.force, allow_weak=args.allow_weak, recipe=args.recipe)
     print(f"locked {args.plan} (sha256 {rec['plan_sha256'][:12]}) at {rec['locked_utc']}: "
           f"{len(rec['files'])} result file(s) recorded in {args.run}/{LOCK_NAME}")
+    null = rec.get("proxy_null") or {}
+    if null.get("beatable") and null.get("message"):  # an unbeatable null is printed as a warning below
+        print(null["message"])
+    for label, members in (rec.get("strata") or {}).items():
+        print(f"stratum {label}: {', '.join(members)}")
     for w in rec.get("warnings", []):
         print(f"warning: {w}", file=sys.stderr)
     if rec.get("shortlist_files_at_lock"):

@@ -67,6 +67,7 @@ def _cmd_score(args: argparse.Namespace) -> int:
         fingerprint=args.fingerprint,
         shard=args.shard,
         merge=args.merge,
+        calibrate=args.calibrate,
     )
     if int(os.environ.get("RANK", "0")) != 0:
         return 0  # rank 0 reports
@@ -259,6 +260,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--on-overflow", choices=["error", "truncate"], default="error",
                    help="a prompt longer than the context: stop with an error naming the items (default), or cut it "
                         "from the left as lm-eval does (recorded as truncated_tokens per item, counted in summary.csv)")
+    s.add_argument("--calibrate", action="store_true",
+                   help="also score the content-free reference <family>_cf of every calibrated family (real_truthy, "
+                        "real_flipped, real_successive, real_repetitive, real_intuitive, arith_pattern): the chance reference of its "
+                        "margins (contextual calibration; the report shows raw and calibrated margins side by side)")
     s.add_argument("--tokenizer", default=None, help="tokenizer folder, for checkpoints saved without one")
     s.add_argument("--allow-tokenizer-mismatch", action="store_true",
                    help="score checkpoints even if their tokenizers differ")

@@ -137,7 +137,7 @@ HOP_K = 3.0
 #: seeds can agree to 0.001 nats, and a 0.005-nat wiggle is real but not a change of behaviour.
 MIN_HOP_NATS = 0.10
 #: Order of kinds in tables and plots.
-KIND_ORDER = {"conflict": 0, "capability": 1, "nll": 2, "generation": 3}
+KIND_ORDER = {"conflict": 0, "capability": 1, "nll": 2, "generation": 3, "calibration": 4}
 _SCORE_COLUMNS = ["checkpoint", "step", "family", "variant", "seed", "item_id", "margin", "correct"]
 
 

@@ -51,7 +51,8 @@ from .metrics import DIRECTIONS, TRANSFER_METRIC_NAMES, direction_word
 __all__ = ["TransferConstraint", "SelectionSpec", "SelectionPlan", "LockStatus", "load_selection_plan",
            "selection_spec_from_dict", "lock_plan", "read_lock", "check_lock", "LOCK_NAME", "TRANSFER_METRICS",
            "is_outcome_file", "validate_plan_against_run", "proxy_null_strength", "Plan", "Proxy", "Floor",
-           "plan_from_dict", "load_plan", "AGGREGATIONS", "min_p_best_of_m", "smallest_beatable_k"]
+           "plan_from_dict", "load_plan", "AGGREGATIONS", "min_p_best_of_m", "smallest_beatable_k",
+           "max_beatable_candidates", "step_strata", "run_strata", "BPB_MODES"]
 
 LOCK_NAME = "plan.lock.json"
 SHORTLIST_FILES = ("shortlist.csv", "shortlist.json")
@@ -64,7 +65,10 @@ _SKIP_DIRS = {"cache"}  # the scoring cache: derived parts, not results
 AGGREGATIONS = ("mean_rank", "median_rank")
 # `selection:` (primary transfer metric, constraints, decision rule) is validated by selection_spec_from_dict.
 _PLAN_KEYS = ("proxies", "constraints", "aggregation", "k", "candidates", "description", "selection", "stratify")
-STRATIFY = (None, "data_windows")
+STRATIFY = (None, "data_windows")      # or a mapping {by: steps|tokens, strata: N} / {by: ..., edges: [...]}
+STRATA_BY = ("steps", "tokens")
+_STRATIFY_KEYS = ("by", "strata", "edges")
+BPB_MODES = ("absolute", "relative", "spread")
 _PROXY_KEYS = ("family", "variant", "metric", "direction")
 _CONSTRAINT_KEYS = ("heldout_bpb_within", "capability_floor")
 _FLOOR_KEYS = ("family", "variant", "metric", "min")
@@ -111,18 +115,28 @@ class Plan:
     candidates: tuple[str | int, ...] | None = None
     description: str = ""
     path: Path | None = None
-    stratify: str | None = None
+    stratify: str | None = None          # None | "data_windows" | "steps" | "tokens"
+    strata: int | None = None            # stratify by steps/tokens: N contiguous groups of the candidates
+    strata_edges: tuple[float, ...] | None = None  # ... or explicit boundaries (start < x <= end)
+    heldout_bpb_mode: str = "absolute"   # how heldout_bpb_within is read (BPB_MODES)
 
     def to_dict(self) -> dict[str, Any]:
+        bpb: Any = self.heldout_bpb_within
+        if self.heldout_bpb_mode != "absolute":
+            bpb = {self.heldout_bpb_mode: self.heldout_bpb_within}
+        strat: Any = self.stratify
+        if self.stratify in STRATA_BY:
+            strat = {"by": self.stratify} | ({"strata": self.strata} if self.strata is not None else
+                                             {"edges": list(self.strata_edges or ())})
         return {
             "proxies": [vars(p) | {"id": p.id} for p in self.proxies],
-            "constraints": {"heldout_bpb_within": self.heldout_bpb_within,
+            "constraints": {"heldout_bpb_within": bpb,
                             "capability_floor": [vars(f) for f in self.floors]},
             "aggregation": self.aggregation,
             "k": self.k,
             "candidates": list(self.candidates) if self.candidates is not None else None,
             "description": self.description,
-            "stratify": self.stratify,
+            "stratify": strat,
             "path": str(self.path) if self.path else None,
         }
 
@@ -193,9 +207,7 @@ def plan_from_dict(raw: Any, *, source: str = "<plan>", path: Path | None = None
     if not isinstance(cons, dict):
         raise ProbeSpecError(f"{src}: `constraints:` must be a mapping (heldout_bpb_within, capability_floor).")
     _unknown(src, "constraints: ", cons, _CONSTRAINT_KEYS)
-    bpb = cons.get("heldout_bpb_within")
-    if bpb is not None:
-        bpb = _number(src, "constraints.heldout_bpb_within", bpb, minimum=0.0)
+    bpb, bpb_mode = _bpb_within(src, cons.get("heldout_bpb_within"))
     floors_raw = cons.get("capability_floor") or []
     if isinstance(floors_raw, dict):
         floors_raw = [floors_raw]
@@ -226,11 +238,111 @@ def plan_from_dict(raw: Any, *, source: str = "<plan>", path: Path | None = None
             raise ProbeSpecError(f"{src}: candidates must be a non-empty list of checkpoint names (or steps).")
         cands = tuple(cands)
     desc = raw.get("description", "")
-    strat = raw.get("stratify")
-    if strat not in STRATIFY:
-        raise ProbeSpecError(f"{src}: stratify must be null or 'data_windows', got {strat!r}.")
+    strat, n_strata, edges = _stratify(src, raw.get("stratify"))
     return Plan(proxies=tuple(proxies), heldout_bpb_within=bpb, floors=tuple(floors), aggregation=agg, k=k,
-                candidates=cands, description=str(desc or ""), path=path, stratify=strat)
+                candidates=cands, description=str(desc or ""), path=path, stratify=strat, strata=n_strata,
+                strata_edges=edges, heldout_bpb_mode=bpb_mode)
+
+
+def _bpb_within(src: str, raw: Any) -> tuple[float | None, str]:
+    """``constraints.heldout_bpb_within``: a number (absolute bits/byte above the best
+    candidate) or one of ``{absolute: d}``, ``{relative: r}`` (within r x the best, e.g. 0.01
+    = 1%), ``{spread: f}`` (within f x the candidates' range of held-out bpb, 0 <= f <= 1)."""
+    if raw is None:
+        return None, "absolute"
+    if not isinstance(raw, dict):
+        return _number(src, "constraints.heldout_bpb_within", raw, minimum=0.0), "absolute"
+    if len(raw) != 1 or next(iter(raw)) not in BPB_MODES:
+        raise ProbeSpecError(f"{src}: constraints.heldout_bpb_within must be a number (absolute bits/byte) or one of "
+                             "{absolute: 0.05}, {relative: 0.01} (1% of the best candidate's bpb), {spread: 0.25} "
+                             f"(25% of the candidates' bpb range); got {raw!r}."
+                             + (did_you_mean(str(next(iter(raw))), BPB_MODES) if len(raw) == 1 else ""))
+    mode, value = next(iter(raw.items()))
+    v = _number(src, f"constraints.heldout_bpb_within.{mode}", value, minimum=0.0)
+    if mode == "spread" and v > 1:
+        raise ProbeSpecError(f"{src}: constraints.heldout_bpb_within.spread is a fraction of the candidates' range "
+                             f"(0 = only the best, 1 = every candidate), got {v:g}.")
+    return v, mode
+
+
+def _stratify(src: str, raw: Any) -> tuple[str | None, int | None, tuple[float, ...] | None]:
+    """``stratify:``: null, ``data_windows`` (needs data_lineage.json), or ``{by: steps|tokens,
+    strata: N}`` / ``{by: steps|tokens, edges: [e1, e2, ...]}`` (see probeselect.shortlist)."""
+    hint = ("stratify must be null, 'data_windows' (a ladder with data_lineage.json) or a mapping "
+            "{by: steps, strata: 3} / {by: tokens, edges: [1.0e9, 2.0e9]}")
+    if raw is None or raw == "data_windows":
+        return raw, None, None
+    if isinstance(raw, str):
+        raise ProbeSpecError(f"{src}: {hint}; got {raw!r}.{did_you_mean(raw, ['data_windows', 'steps', 'tokens'])}")
+    if not isinstance(raw, dict):
+        raise ProbeSpecError(f"{src}: {hint}; got {raw!r}.")
+    _unknown(src, "stratify: ", raw, _STRATIFY_KEYS)
+    by = raw.get("by", "steps")
+    if by not in STRATA_BY:
+        raise ProbeSpecError(f"{src}: stratify.by must be one of {list(STRATA_BY)}, got {by!r}.{did_you_mean(str(by), STRATA_BY)}")
+    if ("strata" in raw) == ("edges" in raw):
+        raise ProbeSpecError(f"{src}: stratify needs exactly one of `strata: N` (N contiguous groups of the candidates "
+                             f"in {by} order) or `edges: [...]` ({by} boundaries); got {raw!r}.")
+    if "strata" in raw:
+        n = raw["strata"]
+        if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+            raise ProbeSpecError(f"{src}: stratify.strata must be an integer >= 2, got {n!r}.")
+        return by, n, None
+    edges = raw["edges"]
+    if not isinstance(edges, list) or not edges:
+        raise ProbeSpecError(f"{src}: stratify.edges must be a non-empty list of {by} boundaries, got {edges!r}.")
+    vals = tuple(_number(src, f"stratify.edges[{i}]", e) for i, e in enumerate(edges))
+    if any(b <= a for a, b in zip(vals, vals[1:])):
+        raise ProbeSpecError(f"{src}: stratify.edges must be strictly increasing, got {list(edges)}.")
+    return by, None, vals
+
+
+def step_strata(plan: Plan, cands: list[str], steps: dict[str, Any], tokens: dict[str, Any], src: str) -> dict[str, str]:
+    """The stratum of every candidate under ``stratify: {by: steps|tokens, ...}``.
+
+    ``strata: N``: the candidates sorted by step (or tokens) are cut into N contiguous groups
+    as equal in size as possible (earlier groups take the extra ones); ``edges: [e1, ...]``:
+    the ranges x <= e1, e1 < x <= e2, ..., x > e_last (empty ranges are no strata). Only the
+    ladder's positions are used, never a score, so the strata are fixed when the plan is.
+    Labels read like ``steps 1000-3000``. Raises :class:`ProbeSpecError` when a candidate has
+    no step/tokens value or N exceeds the number of candidates.
+    """
+    by = plan.stratify
+    where = steps if by == "steps" else tokens
+    pos: dict[str, float] = {}
+    for c in cands:
+        v = where.get(c)
+        if v is None or not pd.notna(v):
+            raise ProbeSpecError(f"{src}: stratify by {by}: checkpoint {c!r} has no {by[:-1]} value in summary.csv"
+                                 + ("; use `by: steps`, or record tokens when scoring." if by == "tokens" else
+                                    "; name the checkpoints with their step (e.g. step1000) or drop `stratify:`."))
+        pos[c] = float(v)
+    ordered = sorted(cands, key=lambda c: (pos[c], c))
+    groups: list[list[str]] = []
+    if plan.strata is not None:
+        if plan.strata > len(ordered):
+            raise ProbeSpecError(f"{src}: stratify.strata = {plan.strata} but the run has {len(ordered)} candidate "
+                                 f"checkpoint(s); use at most {len(ordered)} strata.")
+        for part in np.array_split(np.arange(len(ordered)), plan.strata):
+            groups.append([ordered[i] for i in part])
+    else:
+        edges = list(plan.strata_edges or ())
+        bounds = [-math.inf] + edges + [math.inf]
+        for lo, hi in zip(bounds, bounds[1:]):
+            g = [c for c in ordered if lo < pos[c] <= hi]
+            if g:
+                groups.append(g)
+
+    def num(x: float) -> str:
+        return f"{x:.4g}" if by == "tokens" else f"{x:g}"
+
+    out = {}
+    for g in groups:
+        a, b = pos[g[0]], pos[g[-1]]
+        label = f"{by} {num(a)}" if a == b else f"{by} {num(a)}-{num(b)}"
+        for c in g:
+            out[c] = label
+    return out
 
 
 def load_plan(path: str | Path) -> Plan:
@@ -454,7 +566,8 @@ def validate_plan_against_run(plan: SelectionPlan, run_dir: Path, *, recipe: Any
 
     order = checkpoint_order(summary)
     steps = summary.drop_duplicates("checkpoint").set_index("checkpoint")["step"].to_dict()
-    _resolve_candidates(plan.shortlist, order, steps, src)
+    cands = _resolve_candidates(plan.shortlist, order, steps, src)
+    run_strata(plan.shortlist, run_dir, summary, cands, src)
     produced = list(METRIC_NAMES)
     why = "a transfer metric"
     if recipe is not None:
@@ -476,6 +589,41 @@ def validate_plan_against_run(plan: SelectionPlan, run_dir: Path, *, recipe: Any
     return warnings
 
 
+def run_strata(plan: Plan, run_dir: Path, summary: pd.DataFrame, cands: list[str], src: str) -> dict[str, str] | None:
+    """The strata of the plan's ``stratify:`` on this run: checkpoint -> stratum label, or None
+    without ``stratify``. ``data_windows`` needs ``data_lineage.json`` next to the scored
+    checkpoints (:func:`probeselect.attribution.find_lineage`); without it this is an error that
+    names the step-range alternative, never a silent top-k shortlist."""
+    if plan.stratify is None:
+        return None
+    if plan.stratify == "data_windows":
+        from .attribution import find_lineage, load_windows
+
+        path = find_lineage(run_dir)
+        if path is None:
+            raise ProbeSpecError(
+                f"{src}: stratify: data_windows needs data_lineage.json next to the scored checkpoints, and the run "
+                f"{run_dir} has none (looked next to the checkpoints named in {Path(run_dir) / 'manifest.json'}). "
+                "Only a ladder built from a known curriculum has one (e.g. `probeselect toy-ladder`). For any other "
+                "ladder stratify by step ranges, declared now, before the scores: `stratify: {by: steps, strata: 3}` "
+                "(or `{by: tokens, edges: [...]}`), or drop `stratify:` for the plain top k.")
+        windows = load_windows(path)
+        info = summary.drop_duplicates("checkpoint").set_index("checkpoint")["step"].to_dict()
+
+        def window_of(c: str) -> str:
+            t = info.get(c)
+            for w in windows:
+                if t is not None and pd.notna(t) and w.start_step < t <= w.end_step:
+                    return w.name
+            return "(no window)"
+
+        return {c: window_of(c) for c in info}  # every checkpoint (shortlist.csv shows each one's window)
+    info = summary.drop_duplicates("checkpoint").set_index("checkpoint")
+    steps = info["step"].to_dict()
+    tokens = info["tokens"].to_dict() if "tokens" in info.columns else {}
+    return step_strata(plan, cands, steps, tokens, src)
+
+
 def min_p_best_of_m(n_bases: int, candidates: int) -> float:
     """The smallest best-of-M p-value any proxy can reach with ``n_bases`` piloted bases and
     ``candidates`` candidates without ties: a perfect rank agreement, P = 1 - (1 - 1/n!)^M."""
@@ -490,18 +638,61 @@ def smallest_beatable_k(candidates: int, alpha: float = 0.05, k_max: int = 12) -
     return None
 
 
-def proxy_null_strength(plan: SelectionPlan) -> dict[str, Any]:
+def max_beatable_candidates(k: int, alpha: float = 0.05, m_max: int = 1000) -> int:
+    """The most candidates (proxies + the aggregate) whose best-of-M null a perfect proxy over
+    ``k`` bases still beats at ``alpha`` (0 when not even one can)."""
+    m = 0
+    while m < m_max and min_p_best_of_m(k, m + 1) < alpha:
+        m += 1
+    return m
+
+
+def proxy_null_strength(plan: SelectionPlan, n_candidates: int | None = None) -> dict[str, Any]:
     """Can the best-of-M proxy null be beaten at 95% with the plan's shortlist size?
 
     Candidates = the declared proxies (or ``selection_effect.random_proxies``) + the
     aggregate. ``min_p``: the best-of-M p-value of a perfect proxy over k bases;
-    ``smallest_k``: the smallest k with ``min_p`` < 0.05.
+    ``smallest_k``: the smallest k with ``min_p`` < 0.05; ``max_proxies_at_k``: the most
+    proxies (plus the aggregate) the plan's k can afford (0: none); ``n_candidates``: the
+    checkpoints the run offers (when known). ``designs`` names the plans that can work
+    (more bases, fewer proxies, or none on this ladder) and ``message`` says it in one line.
     """
     k = plan.shortlist.k
-    m = (plan.selection.random_proxies or len(plan.shortlist.proxies)) + 1
+    n_proxies = plan.selection.random_proxies or len(plan.shortlist.proxies)
+    m = n_proxies + 1
     p = min_p_best_of_m(k, m)
-    return {"k": k, "candidates": m, "min_p": p, "alpha": 0.05, "beatable": p < 0.05,
-            "smallest_k": smallest_beatable_k(m)}
+    smallest = smallest_beatable_k(m)
+    max_at_k = max(max_beatable_candidates(k) - 1, 0)
+    # the cheapest design overall: the smallest k at which 2 proxies (the plan minimum) + the aggregate can win
+    k_min2 = smallest_beatable_k(3)
+    designs: list[str] = []
+    if p >= 0.05:
+        if smallest is not None and (n_candidates is None or smallest <= n_candidates):
+            designs.append(f"k = {smallest} with these {n_proxies} proxies (min p {min_p_best_of_m(smallest, m):.2g})")
+        if max_at_k >= 2:
+            designs.append(f"k = {k} with at most {max_at_k} proxies (min p {min_p_best_of_m(k, max_at_k + 1):.2g})")
+        for kk in range(k + 1, (n_candidates or (smallest or k)) + 1):
+            cap = max_beatable_candidates(kk) - 1
+            if kk != smallest and 2 <= cap < n_proxies:
+                designs.append(f"k = {kk} with at most {cap} proxies (min p {min_p_best_of_m(kk, cap + 1):.2g})")
+                break
+        if not designs:
+            designs.append(
+                f"none on this ladder: the run has {n_candidates} candidate checkpoint(s), and even 2 proxies need "
+                f"k >= {k_min2} (with {n_proxies}: k >= {smallest}). Score more checkpoints (at least {k_min2}, "
+                f"with at most {max_beatable_candidates(k_min2) - 1} proxies), or lock with --allow-weak and read proxy "
+                "validation as descriptive only")
+    if p < 0.05:
+        msg = (f"proxy null: k = {k} bases, {m} candidates looked at ({m - 1} proxies + the aggregate): a perfect proxy "
+               f"reaches best-of-M p = {p:.2g} < 0.05, so proxy validation can succeed.")
+    else:
+        msg = (f"proxy null: k = {k} bases, {m} candidates looked at ({m - 1} proxies + the aggregate): even a perfect "
+               f"proxy has best-of-M p >= {p:.2g} > 0.05. "
+               + (f"The smallest k that could beat the null is {smallest}" if smallest else "No k up to 12 beats it")
+               + (f" (the run has {n_candidates} candidate checkpoints)" if n_candidates is not None else "")
+               + ". Designs that can work: " + "; ".join(designs) + ".")
+    return {"k": k, "candidates": m, "min_p": p, "alpha": 0.05, "beatable": p < 0.05, "smallest_k": smallest,
+            "max_proxies_at_k": max_at_k, "n_candidates": n_candidates, "designs": designs, "message": msg}
 
 
 # ---------------------------------------------------------------------------
@@ -585,15 +776,24 @@ def lock_plan(plan_path: str | Path, run_dir: str | Path, *, force: bool = False
 
         rec_obj = load_recipe(recipe, list(recipe_overrides), check_files=False)
     warnings = validate_plan_against_run(plan, run_dir, recipe=rec_obj)
-    strength = proxy_null_strength(plan)
+    summary = pd.read_csv(run_dir / "summary.csv")
+    from .dynamics import checkpoint_order
+
+    order = checkpoint_order(summary)
+    steps = summary.drop_duplicates("checkpoint").set_index("checkpoint")["step"].to_dict()
+    cands = _resolve_candidates(plan.shortlist, order, steps, str(plan.path))
+    strata = run_strata(plan.shortlist, run_dir, summary, cands, str(plan.path))
+    strength = proxy_null_strength(plan, n_candidates=len(cands))
     if not strength["beatable"]:
         msg = (f"{plan.path}: with k = {strength['k']} shortlisted bases and {strength['candidates']} candidates looked at "
                f"({strength['candidates'] - 1} proxies + the aggregate), even a perfect proxy has best-of-M p >= "
                f"{strength['min_p']:.2g} > 0.05: proxy validation cannot succeed. "
-               + (f"The smallest k that could beat the null is {strength['smallest_k']}; raise `k:`"
-                  if strength["smallest_k"] else "Raise `k:`") + " or declare fewer proxies")
+               + (f"The smallest k that could beat the null is {strength['smallest_k']}"
+                  if strength["smallest_k"] else "No k up to 12 beats it")
+               + f" (the run has {len(cands)} candidate checkpoints). Designs that can work: "
+               + "; ".join(strength["designs"]))
         if not allow_weak:
-            raise SelectionError(msg + ", or pass --allow-weak to lock anyway.")
+            raise SelectionError(msg + ". Change `k:` or `proxies:` accordingly, or pass --allow-weak to lock anyway.")
         warnings.append(msg + " (locked with --allow-weak).")
     lock_path = run_dir / LOCK_NAME
     previous = []
@@ -623,6 +823,8 @@ def lock_plan(plan_path: str | Path, run_dir: str | Path, *, force: bool = False
         "outcome_files_at_lock": outcomes,
         "shortlist_files_at_lock": shortlists,
         "proxy_null": strength | {"allowed_weak": bool(allow_weak and not strength["beatable"])},
+        "strata": None if strata is None else {lab: [c for c in cands if strata[c] == lab]
+                                               for lab in dict.fromkeys(strata[c] for c in cands)},
         "recipe": None if rec_obj is None else {"path": str(recipe), "overrides": list(recipe_overrides),
                                                 "seeds": list(rec_obj.seeds)},
         "warnings": warnings,

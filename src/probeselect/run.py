@@ -49,7 +49,7 @@ __all__ = ["RunConfigError", "StageResult", "RunResult", "load_run_config", "run
 STAGES = ("ladder", "score", "average", "dynamics", "lock", "shortlist", "pilot", "select", "confirm", "report")
 _TOP_KEYS = ("out", "ladder", "score", "average", "plan", "pilot", "select", "confirm", "report", "device")
 _SCORE_KEYS = ("probes", "seeds", "n_items", "heldout", "audit_items", "max_batch_tokens", "dtype", "max_length",
-               "on_overflow")
+               "on_overflow", "calibrate")
 
 
 class RunConfigError(ProbeselectError):
@@ -175,6 +175,9 @@ def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str
     if ovf not in ("error", "truncate"):
         raise RunConfigError(f"{src}: score.on_overflow must be `error` (stop on a prompt longer than the context) or "
                              f"`truncate` (cut it from the left as lm-eval does); got {ovf!r}.")
+    if not isinstance(sc.get("calibrate", False), bool):
+        raise RunConfigError(f"{src}: score.calibrate must be true (also score each family's content-free reference, "
+                             f"`probeselect score --calibrate`) or false; got {sc['calibrate']!r}.")
     ml = sc.get("max_length")
     if ml is not None and (isinstance(ml, bool) or not isinstance(ml, int) or ml < 2):
         raise RunConfigError(f"{src}: score.max_length must be an integer >= 2 (the context limit in tokens) or null "
@@ -350,7 +353,8 @@ def run_pipeline(config: str | Path, *, overrides: Sequence[str] = (), force: Se
                                 heldout=sc.get("heldout"), audit_items=int(sc.get("audit_items", 0)),
                                 max_batch_tokens=int(sc.get("max_batch_tokens", 8192)),
                                 max_length=sc.get("max_length"), on_overflow=sc.get("on_overflow", "error"),
-                                dtype=sc.get("dtype", "float32"), device=device, progress=progress)
+                                dtype=sc.get("dtype", "float32"), device=device, progress=progress,
+                                calibrate=bool(sc.get("calibrate", False)))
         return (f"scored {len(res.scored)} checkpoint(s) ({len(res.manifest['checkpoints']) - len(res.scored)} cached)"
                 + _truncation_note(res.manifest))
 

@@ -414,7 +414,7 @@ def _peak_rss_mib() -> float | None:
 
 
 def _sort_summary(summary: pd.DataFrame) -> pd.DataFrame:
-    order = {"conflict": 0, "capability": 1, "generative": 2, "nll": 3}
+    order = {"conflict": 0, "capability": 1, "generative": 2, "nll": 3, "calibration": 4}
     key = summary["kind"].map(order).fillna(3)
     return (summary.assign(_k=key).sort_values(["step", "checkpoint", "_k", "family", "variant"], kind="stable",
                                                na_position="first").drop(columns="_k").reset_index(drop=True))
@@ -497,6 +497,7 @@ def score_checkpoints(
     fingerprint: str = "sampled",
     shard: str | tuple[int, int] | None = None,
     merge: bool = False,
+    calibrate: bool = False,
 ) -> ScoreResult:
     """Score every checkpoint with every probe spec under every evaluation seed.
 
@@ -514,11 +515,14 @@ def score_checkpoints(
     :class:`CheckpointError`, or with ``keep_going`` is recorded as failed and skipped.
 
     Held-out NLL, sampled generation, the generative audit, fingerprints and job arrays:
-    see the module docstring.
+    see the module docstring. ``calibrate`` adds the content-free reference family
+    ``<family>_cf`` of every calibrated family scored (:mod:`probeselect.probes._calibration`),
+    kind ``calibration``: its margins are the chance reference of the family's margins.
     """
     call_args = dict(locals())  # for the merge that the last shard runs
     seeds, shard, run_dir = _check_arguments(call_args)
-    inputs = _read_inputs(probes, seeds, heldout=heldout, heldout_stride=heldout_stride, audit_items=audit_items)
+    inputs = _read_inputs(probes, seeds, heldout=heldout, heldout_stride=heldout_stride, audit_items=audit_items,
+                          calibrate=calibrate)
     dist = dist_context()
     if device == "auto" and dist.world_size > 1 and torch.cuda.is_available():
         device = f"cuda:{dist.local_rank}"
@@ -579,11 +583,16 @@ def _check_arguments(args: dict[str, Any]) -> tuple[list[int], tuple[int, int] |
     return seeds, shard, run_dir
 
 
-def _read_inputs(probes, seeds: list[int], *, heldout, heldout_stride, audit_items: int) -> _Inputs:
+def _read_inputs(probes, seeds: list[int], *, heldout, heldout_stride, audit_items: int,
+                 calibrate: bool = False) -> _Inputs:
     """Stage 1: load the specs, generate every item, read the held-out text and pick the audited items."""
     from .probes._shipped import resolve_probe_args  # files, folders, shipped names (real, real_successive ...)
 
     specs = [p if isinstance(p, FamilySpec) else load_spec(p) for p in resolve_probe_args(probes)]  # cheap checks first
+    if calibrate:
+        from .probes._calibration import calibration_specs
+
+        specs = specs + calibration_specs(specs)
     fams = [s.family for s in specs]
     dup = sorted({f for f in fams if fams.count(f) > 1})
     if dup:
@@ -598,7 +607,9 @@ def _read_inputs(probes, seeds: list[int], *, heldout, heldout_stride, audit_ite
     heldout_hash = canonical_json_hash({"texts": heldout_texts, "stride": heldout_stride}) if heldout_texts else None
 
     gen = {s.family: g for s in specs if (g := _gen_settings(s)) is not None}
-    audit_set = select_audit_items(items, n_per_family=audit_items, seed=0, eval_seed=seeds[0]) if audit_items else []
+    # content-free references are scored, never audited (their answers are not meant to be right)
+    audit_pool = [it for it in items if get_family(it.family).kind != "calibration"]
+    audit_set = select_audit_items(audit_pool, n_per_family=audit_items, seed=0, eval_seed=seeds[0]) if audit_items else []
     audit_pos = {(it.item_id, it.seed): k for k, it in enumerate(items)}
     audit_idx = sorted(audit_pos[(it.item_id, it.seed)] for it in audit_set)
     return _Inputs(specs=specs, fams=fams, items=items, item_dicts=item_dicts, items_hash=items_hash,
@@ -663,6 +674,7 @@ def _new_manifest(args: dict[str, Any], *, seeds: list[int], shard, dev: torch.d
         "fingerprint": args["fingerprint"],
         "shard": list(shard) if shard else None,
         "merge": args["merge"],
+        **({"calibrate": True} if args.get("calibrate") else {}),
     }
     manifest = base_manifest("score", config)
     manifest.update(
@@ -1158,6 +1170,7 @@ def _build_tables(done: dict[int, pd.DataFrame], units, item_dicts: list[dict]) 
         nll = pd.concat(nll_parts, ignore_index=True)
         summary = pd.concat([summary, nll], ignore_index=True)
     if len(summary):
+        summary = _with_calibration(summary)
         summary = _sort_summary(summary)
         for col in ("n_items", "n_seeds", "n_samples", "gen_items", "gen_n", "n_tokens", "n_bytes", "n_docs", "truncated_items"):
             if col in summary.columns:
@@ -1168,6 +1181,19 @@ def _build_tables(done: dict[int, pd.DataFrame], units, item_dicts: list[dict]) 
                       for d in item_dicts]
     return _Tables(item_dicts=item_dicts, scores=scores, summary=summary, n_truncated=n_truncated,
                    generations=generations, audit=audit, audit_summary=audit_summary, persona=persona)
+
+
+def _with_calibration(summary: pd.DataFrame) -> pd.DataFrame:
+    """With content-free reference rows (``<family>_cf``, ``score --calibrate``): the columns
+    ``cf_mean_margin`` and ``calibrated_mean_margin`` (= mean_margin - cf_mean_margin) on the rows of
+    the families they calibrate (NaN elsewhere). Without them the summary is returned unchanged."""
+    from .probes._calibration import calibrated_margins
+
+    cal = calibrated_margins(summary)
+    if cal.empty:
+        return summary
+    cols = cal[["checkpoint", "family", "variant", "cf_mean_margin", "calibrated_mean_margin"]]
+    return summary.merge(cols, on=["checkpoint", "family", "variant"], how="left")
 
 
 def _span_summary(scores: pd.DataFrame) -> tuple[pd.DataFrame, int]:

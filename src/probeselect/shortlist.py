@@ -12,13 +12,14 @@ Plan (YAML; ``recipes/selection.yaml`` is the commented example)::
       - {family: arith_pattern, variant: "*", metric: mean_margin, direction: higher}
       - {family: arith_plain, variant: eq, metric: candidate_accuracy}
     constraints:
-      heldout_bpb_within: 0.05    # bits per byte above the best candidate (absolute)
+      heldout_bpb_within: 0.05    # bits per byte above the best candidate (absolute); or {relative: 0.01}
+                                #   or {spread: 0.25} (below)
       capability_floor:
         - {family: arith_plain, metric: candidate_accuracy, min: 0.5}
     aggregation: mean_rank        # or median_rank
     k: 3
     candidates: [checkpoint-180, checkpoint-200]   # optional; default every checkpoint
-    stratify: data_windows        # optional: span the ladder's data windows (below)
+    stratify: {by: steps, strata: 3}   # optional: span the ladder (step/token ranges, or data_windows; below)
 
 Definitions:
 
@@ -42,23 +43,34 @@ Definitions:
   variants on which the checkpoint's per-variant rank is <= k.
 * Aggregate: mean (or median) of the proxy ranks. A checkpoint without a value on some
   proxy is not eligible.
-* ``heldout_bpb_within: d`` passes a checkpoint whose held-out bits per byte (mean over
-  its NLL rows) is <= the best candidate's + d; skipped, with a note, when the run has no
-  NLL rows. ``capability_floor`` passes when the metric (of ``variant``, or the mean over
+* ``heldout_bpb_within: d`` (or ``{absolute: d}``) passes a checkpoint whose held-out bits
+  per byte (mean over its NLL rows) is <= the best candidate's + d; ``{relative: r}``: <=
+  best x (1 + r); ``{spread: f}``: <= best + f x (worst - best) over the candidates (0 keeps
+  only the best, 1 every candidate). Skipped, with a note, when the run has no NLL rows. ``capability_floor`` passes when the metric (of ``variant``, or the mean over
   the family's variants) is >= ``min``.
 * One-probe winner: first (best or tied best) on some proxy but in the bottom half
   (rank > (n+1)/2 among n candidates) on a strict majority of the other proxies. Never
-  shortlisted.
+  shortlisted. A first place shared by more than half of the candidates (e.g. every
+  checkpoint at the same value: the proxy is constant) singles nobody out and makes no
+  one-probe winner.
 * Shortlist: eligible checkpoints (candidate, a value on every proxy, every constraint
   passed, not a one-probe winner) ordered by aggregate, then by worst proxy rank (prefer
   consistency), then by earlier step; the first k.
-* ``stratify: data_windows``: the ladder's data windows (``data_lineage.json`` next to the
-  checkpoints) are strata. The best eligible checkpoint overall comes first, then the best
-  eligible checkpoint of every other window (windows in the order of their best
-  checkpoint), then the rest by aggregate, until k. The shortlist then tests the proxies:
-  it contains bases the proxies rank low, from other stretches of pretraining data, so
-  the pilot can show whether the proxy ranking predicts transfer. Without a lineage file
-  the shortlist is the plain top k and a note says so.
+* ``stratify``: strata of the ladder, fixed by the plan before any score is seen. The best
+  eligible checkpoint overall comes first, then the best eligible checkpoint of every other
+  stratum (strata in the order of their best checkpoint), then the rest by aggregate, until
+  k. The shortlist then tests the proxies: it contains bases the proxies rank low, from
+  other stretches of pretraining, so the pilot can show whether the proxy ranking predicts
+  transfer. Strata (:func:`probeselect.plan.run_strata`):
+
+  - ``data_windows``: the ladder's data windows (``data_lineage.json`` next to the
+    checkpoints; a checkpoint at step t is in the window with start_step < t <= end_step).
+    Without a lineage file this is an error (at ``plan lock`` and here), never a silent top k.
+  - ``{by: steps, strata: N}`` (or ``by: tokens``): the candidates in step (token) order cut
+    into N contiguous groups as equal in size as possible, earlier groups taking the extra
+    one; ``{by: steps, edges: [e1, e2]}``: the ranges x <= e1, e1 < x <= e2, x > e2. Works on
+    any ladder whose checkpoints have steps (tokens); ``shortlist.csv`` has a ``stratum``
+    column and ``plan.lock.json`` records the strata.
 """
 
 from __future__ import annotations
@@ -193,11 +205,21 @@ def shortlist(run_dir: str | Path, plan_path: str | Path, *, out_dir: str | Path
 
     # One-probe winners.
     n = int(complete.sum())
+    for p in ranks.columns:
+        if n > 1 and ranks.loc[complete, p].nunique() == 1:
+            notes.append(f"proxy {p} ranks every candidate the same (an all-way tie, e.g. prompt variants whose ranks "
+                         "mirror each other): it does not discriminate and makes no one-probe winner. For a family whose "
+                         "variants swap the task and shortcut labels (real_truthy) rank `calibrated_mean_margin` "
+                         "(`score --calibrate`) instead.")
     half = (n + 1) / 2
     one_probe: dict[str, str] = {}
     for c in ranks.index[complete]:
         for p in ranks.columns:
             if ranks.loc[c, p] > ranks.loc[complete, p].min():
+                continue
+            # first place shared by more than half of the candidates (an all-way tie: the proxy is
+            # constant) singles nobody out: no one-probe winner on that proxy
+            if 2 * int((ranks.loc[complete, p] == ranks.loc[c, p]).sum()) > n:
                 continue
             others = [q for q in ranks.columns if q != p]
             bottom = [q for q in others if ranks.loc[c, q] > half]
@@ -224,7 +246,12 @@ def shortlist(run_dir: str | Path, plan_path: str | Path, *, out_dir: str | Path
         else:
             bpb = nll.groupby("checkpoint")["bits_per_byte"].mean().reindex(order)
             best = bpb.reindex(cands).min()
-            limit = best + plan.heldout_bpb_within
+            worst = bpb.reindex(cands).max()
+            w, mode = plan.heldout_bpb_within, plan.heldout_bpb_mode
+            limit = {"absolute": best + w, "relative": best * (1 + w), "spread": best + w * (worst - best)}[mode]
+            how = {"absolute": f"{w:g} above the best candidate ({best:.4f})",
+                   "relative": f"{w:.3g} x the best candidate's {best:.4f} above it (limit {limit:.4f})",
+                   "spread": f"{w:.3g} of the candidates' range {best:.4f}-{worst:.4f} above the best (limit {limit:.4f})"}[mode]
             ok = bpb <= limit + 1e-12
             table["heldout_bpb"] = bpb
             table["pass_heldout_bpb"] = ok
@@ -232,8 +259,7 @@ def shortlist(run_dir: str | Path, plan_path: str | Path, *, out_dir: str | Path
                 if pd.isna(bpb[c]):
                     fails[c].append("no held-out bits per byte recorded")
                 elif not ok[c]:
-                    fails[c].append(f"held-out bpb {bpb[c]:.4f} is more than {plan.heldout_bpb_within:g} above the "
-                                    f"best candidate ({best:.4f})")
+                    fails[c].append(f"held-out bpb {bpb[c]:.4f} is more than {how}")
                 else:
                     passes_notes[c].append(f"held-out bpb {bpb[c]:.4f} <= {limit:.4f}")
     for f in plan.floors:
@@ -255,16 +281,37 @@ def shortlist(run_dir: str | Path, plan_path: str | Path, *, out_dir: str | Path
     eligible.sort(key=lambda c: (agg[c], ranks.loc[c].max(), steps.get(c) if pd.notna(steps.get(c)) else -1))
     chosen = eligible[:k]
     stratum: dict[str, str] = {}
-    if plan.stratify == "data_windows":
-        chosen, stratum = _stratified(eligible, k, steps, run.run_dir, notes)
-        table["data_window"] = [stratum.get(c, "") for c in order] if stratum else ""
+    if plan.stratify is not None:
+        from .plan import run_strata
+
+        stratum = run_strata(plan, run.run_dir, summary, cands, src) or {}
+        chosen = _stratified(eligible, k, stratum)
+        if plan.stratify == "data_windows":
+            from .attribution import find_lineage
+
+            table["data_window"] = [stratum.get(c, "") for c in order]
+            notes.append(f"stratified by data window ({find_lineage(run.run_dir)}): the best eligible checkpoint of "
+                         f"each window is shortlisted before any second one from the same window "
+                         f"({len({stratum[c] for c in chosen})} window(s) among the {len(chosen)} shortlisted).")
+        else:
+            table["stratum"] = [stratum.get(c, "") for c in order]
+            labels = list(dict.fromkeys(stratum[c] for c in cands))
+            notes.append(f"stratified by {plan.stratify} range ({len(labels)} strata fixed by the plan before the scores: "
+                         f"{', '.join(labels)}): the best eligible checkpoint of each stratum is shortlisted before any "
+                         f"second one from the same stratum ({len({stratum[c] for c in chosen})} strata among the "
+                         f"{len(chosen)} shortlisted).")
     if len(eligible) > k:
         a, b = eligible[k - 1], eligible[k]
         if agg[a] == agg[b] and ranks.loc[a].max() == ranks.loc[b].max():
             notes.append(f"tie at the cut: {a} and {b} have the same {plan.aggregation} ({agg[a]:.3g}) and worst rank; "
                          f"the earlier step was kept. Treat both as shortlisted for pilot SFT if budget allows.")
     if len(chosen) < k:
-        notes.append(f"only {len(chosen)} checkpoint(s) are eligible; the shortlist is shorter than k={k}.")
+        passing = [c for c in cands if complete[c] and not fails[c]]
+        opw = [c for c in passing if c in one_probe]
+        notes.append(f"only {len(chosen)} checkpoint(s) are eligible; the shortlist is shorter than k={k}: "
+                     f"{len(passing)} of {len(cands)} candidates have a value on every proxy and pass the constraints"
+                     + (f", and {len(opw)} of them ({', '.join(opw)}) are excluded as one-probe winners" if opw else "")
+                     + ".")
     if n and n <= k:
         notes.append(f"only {n} ranked candidates for k={k}: the shortlist does not discriminate.")
     pos = {c: i + 1 for i, c in enumerate(chosen)}
@@ -283,7 +330,8 @@ def shortlist(run_dir: str | Path, plan_path: str | Path, *, out_dir: str | Path
         elif fails[c]:
             reasons[c] = "excluded: " + "; ".join(fails[c]) + "."
         elif c in pos:
-            why = f" as the best of data window {stratum[c]!r}" if stratum and c not in eligible[:k] else ""
+            what = "data window" if plan.stratify == "data_windows" else "stratum"
+            why = f" as the best of {what} {stratum[c]!r}" if stratum and c not in eligible[:k] else ""
             parts = [f"shortlisted #{pos[c]}{why}: {plan.aggregation.replace('_', ' ')} {agg[c]:.3g} over {len(ranks.columns)} "
                      f"proxies among {n} candidates (" + ", ".join(f"{p} rank {ranks.loc[c, p]:g}" for p in ranks.columns) + ")"]
             for pid, frac in stability.items():
@@ -343,40 +391,20 @@ def _lock_state(run_dir: Path, plan_path: Path) -> dict[str, Any]:
                     f"locked {lock.get('locked_utc')}); a selection from this shortlist is POST-HOC."}
 
 
-def _stratified(eligible: list[str], k: int, steps: dict, run_dir: Path, notes: list[str]) -> tuple[list[str], dict]:
-    """``stratify: data_windows``: the best eligible checkpoint overall, then the best of each other data window
-    (windows taken in the order of their best checkpoint), then the rest by aggregate until k. Windows come
-    from data_lineage.json next to the checkpoints (:func:`probeselect.attribution.find_lineage`); a
-    checkpoint at step t belongs to the window with start_step < t <= end_step."""
-    from .attribution import find_lineage, load_windows
-
-    path = find_lineage(run_dir)
-    if path is None:
-        notes.append("stratify: data_windows was requested, but no data_lineage.json was found next to the scored "
-                     "checkpoints: the shortlist is the top k by aggregate, NOT stratified by data window.")
-        return eligible[:k], {}
-    windows = load_windows(path)
-
-    def window_of(c: str) -> str:
-        t = steps.get(c)
-        for w in windows:
-            if t is not None and pd.notna(t) and w.start_step < t <= w.end_step:
-                return w.name
-        return "(no window)"
-
-    stratum = {c: window_of(c) for c in steps}
+def _stratified(eligible: list[str], k: int, stratum: dict[str, str]) -> list[str]:
+    """Stratified shortlist: the best eligible checkpoint overall, then the best of each other
+    stratum (strata taken in the order of their best checkpoint), then the rest by aggregate
+    until k; returned in aggregate order. Strata: :func:`probeselect.plan.run_strata` (data
+    windows of data_lineage.json, or step/token ranges fixed by the plan)."""
     chosen: list[str] = []
-    for c in eligible:  # eligible is in aggregate order: the first of each new window is that window's best
+    for c in eligible:  # eligible is in aggregate order: the first of each new stratum is that stratum's best
         if len(chosen) < k and stratum[c] not in {stratum[x] for x in chosen}:
             chosen.append(c)
     for c in eligible:
         if len(chosen) < k and c not in chosen:
             chosen.append(c)
     chosen.sort(key=eligible.index)
-    notes.append(f"stratified by data window ({path}): the best eligible checkpoint of each window is shortlisted "
-                 f"before any second one from the same window ({len({stratum[c] for c in chosen})} window(s) among "
-                 f"the {len(chosen)} shortlisted).")
-    return chosen, stratum
+    return chosen
 
 
 def _predeclared_note(plan_path: str | Path, manifest: dict | None) -> list[str]:

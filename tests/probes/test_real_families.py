@@ -33,7 +33,8 @@ def real_items():
 
 def test_specs_validate_and_sizes(real_items):
     assert [p for p, err in validate_probe_files([REPO / "probes" / "real"]) if err] == []
-    assert {load_spec(p).family for p in REAL} == set(FAMILIES)
+    # the six conflict families and their capability twins (tests/probes/test_real_plain.py)
+    assert {load_spec(p).family for p in REAL} == set(FAMILIES) | {f"{f}_plain" for f in FAMILIES}
     from collections import Counter
 
     for name, items in real_items.items():
@@ -43,7 +44,8 @@ def test_specs_validate_and_sizes(real_items):
         for seed in (0, 1):
             counts = Counter(it.variant for it in items if it.seed == seed)
             assert counts == {v: spec.n_items for v in spec.variants}, (name, seed, counts)
-        floor = 40 if name in ("truthy", "persona") else 100  # the shipped suite's size (README)
+        # the shipped suite's size (README); truthy_plain: the 10 plain statements per label no truthy prompt shows
+        floor = {"truthy": 40, "persona": 40, "persona_plain": 40, "truthy_plain": 10}.get(name, 100)
         assert spec.n_items >= floor, (name, spec.n_items)
 
 

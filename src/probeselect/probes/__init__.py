@@ -7,6 +7,8 @@ family and sets its item count, demonstration count, variants and parameters.
 # Importing a family module registers its families.
 from . import _capability, _persona, _templates, _userdata  # noqa: F401
 from . import _real_flipped, _real_intuitive, _real_persona, _real_repetitive, _real_successive, _real_truthy  # noqa: F401
+from . import _calibration  # noqa: F401  (after the real families: registers their content-free <family>_cf)
+from . import _real_plain  # noqa: F401  (after the real families: their capability twins real_<x>_plain)
 from ._arithmetic import TEMPLATES as ARITH_TEMPLATES
 from ..items import ProbeItem, item_rng
 from ._registry import Family, get_family, list_families, register_family

@@ -112,7 +112,10 @@ def arith_pattern(spec: FamilySpec, seed: int) -> Iterator[ProbeItem]:
                 da, dop, db, dc = _problem(rd, ops, lo, hi, avoid={value})
                 demos.append(_line(variant, da, dop, db, value))
                 true_demo.append(dc)
-            prompt = "\n".join(demos + [_line(variant, a, op, b, "")])
+            cf = spec.params.get("content_free")  # a content-free reference (probes._calibration): no expression
+            query = _line(variant, a, op, b, "") if not cf else {"eq": f"{cf} =", "qa": f"Q: What is {cf}? A:",
+                                                                 "words": f"{cf} is"}[variant]
+            prompt = "\n".join(demos + [query])
             task, short = f" {c}", f" {shortcut}"
             yield ProbeItem(
                 item_id=f"{FAMILY}/{variant}/{i:04d}",

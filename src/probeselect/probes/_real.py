@@ -28,6 +28,14 @@ def load_data(name: str) -> Any:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def content_free(spec) -> str | None:
+    """The content-free string (e.g. "N/A") that replaces each query's content when ``spec`` is
+    a calibration spec (``params.content_free``, set by :mod:`probeselect.probes._calibration`),
+    else None. Demonstrations, formats, candidates and random draws stay those of the family."""
+    cf = spec.params.get("content_free")
+    return None if cf in (None, False) else str(cf)
+
+
 def check_boundary(spec, source: str) -> None:
     b = spec.params.get("boundary", "lmeval")
     if b not in BOUNDARIES:

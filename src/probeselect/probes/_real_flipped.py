@@ -29,7 +29,8 @@ from typing import Iterator
 
 from ._demos import icl_prompts
 from ..items import ProbeItem
-from ._real import check_boundary, check_int, check_tasks, load_data, make_item, selected, variant_names
+from ._real import (check_boundary, check_int, check_tasks, content_free, load_data, make_item, selected,
+                    variant_names)
 from ._registry import register_family
 from ._spec import FamilySpec
 
@@ -69,16 +70,17 @@ def real_flipped(spec: FamilySpec, seed: int) -> Iterator[ProbeItem]:
         ls = load_data("flipped.json")["label_sets"][task]
         a, b = ls["labels"]
         flip = {a: b, b: a}
+        shown = {a: a, b: b} if spec.params.get("plain") else flip  # plain (capability): correct demo labels
         demos, tests = [], []
         for label_id, lab in enumerate((a, b)):
             texts = ls["texts"][lab]
-            demos += [{"prompt": _render(task, fmt, t), "answer": flip[lab], "label": label_id}
+            demos += [{"prompt": _render(task, fmt, t), "answer": shown[lab], "label": label_id}
                       for t in texts[N_TEST_PER_CLASS:]]
         for j in range(N_TEST_PER_CLASS):  # alternate the classes so any n_items prefix is balanced
             for lab in (a, b):
                 tests.append((ls["texts"][lab][j], lab))
         tests = tests[: spec.n_items]
-        prompts = icl_prompts(demos, [_render(task, fmt, t) for t, _ in tests], strategy="balanced",
+        prompts = icl_prompts(demos, [_render(task, fmt, content_free(spec) or t) for t, _ in tests], strategy="balanced",
                               k=spec.n_demos, seed=seed, joiner="\n\n")
         for i, ((text, lab), (prompt, used)) in enumerate(zip(tests, prompts)):
             yield make_item(spec, variant, seed, i, prompt, lab, flip[lab], (),

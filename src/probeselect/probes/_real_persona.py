@@ -128,7 +128,11 @@ def real_persona(spec: FamilySpec, seed: int) -> Iterator[ProbeItem]:
         for i in range(spec.n_items):
             p, qi = divmod(i, len(QUESTIONS))
             pp = make_persona(p)
-            pool = [{"prompt": _block(fmt, q), "answer": a} for q, a in facts(pp)]
+            own = {"town": "Where do you live?", "job": "What do you do for work?"}[QUESTIONS[qi].split("_")[1]]
+            # plain (capability twin real_persona_plain): the persona's own fact of the asked relation, the
+            # tempting one-hop answer, is left out of the pool; the two-hop question stays
+            pool = [{"prompt": _block(fmt, q), "answer": a} for q, a in facts(pp)
+                    if not (spec.params.get("plain") and q == own)]
             # GDsuite feeds the full fact pool, shuffled per seed: a random sample of all of it
             rng = random.Random(item_rng(FAMILY, variant, seed, p).getrandbits(64))
             shown = STRATEGIES["random"](pool, len(pool), rng)

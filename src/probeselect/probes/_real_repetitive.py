@@ -31,7 +31,7 @@ from typing import Callable, Iterator
 
 from ._demos import STRATEGIES, build_icl_prompt, demo_block
 from ..items import ProbeItem, item_rng
-from ._real import check_boundary, check_int, check_tasks, load_data, make_item, selected
+from ._real import check_boundary, check_int, check_tasks, content_free, load_data, make_item, selected
 from ._registry import register_family
 from ._spec import FamilySpec
 
@@ -135,6 +135,23 @@ def _query_and_pool(task: str, i: int) -> tuple[dict, int, tuple[dict, ...]]:
     return q, rep, tuple(make(rp) for _ in range(POOL))
 
 
+@lru_cache(maxsize=4096)
+def _plain_pool(task: str, i: int) -> tuple[dict, int, tuple[dict, ...]]:
+    """Capability form of item ``i``: the same query and foil R, and a pool of correct problems
+    whose answers vary and are never the query's answer or R (nothing repeated to copy; letter
+    counts 1-4 leave two values, so their demonstrations alternate between those two)."""
+    q, rep = _query(task, item_rng(FAMILY, task, "query", i))
+    rp = item_rng(FAMILY, task, "plain_pool", i)
+    avoid = {int(q["answer"]), rep}
+    values = {"algebra": [v for v in range(-99, 100) if v not in avoid],
+              "letter_counting": [v for v in (1, 2, 3, 4) if v not in avoid],
+              "code_tracing": [v for v in range(1, 13) if v not in avoid]}[task]
+    make = {"algebra": lambda r: _algebra(r, r.choice(values)),
+            "letter_counting": lambda r: _letter(r, r.choice(values), q.get("word", "")),
+            "code_tracing": lambda r: _code(r, r.choice(values))}[task]
+    return q, rep, tuple(make(rp) for _ in range(POOL))
+
+
 def _validate(spec: FamilySpec, source: str) -> None:
     check_tasks(source, FAMILY, spec.params["tasks"], TASKS)
     check_int(source, FAMILY, "n_demos", spec.n_demos, 2, POOL)
@@ -155,11 +172,13 @@ def real_repetitive(spec: FamilySpec, seed: int) -> Iterator[ProbeItem]:
     k = spec.n_demos
     for variant, task, fmt in selected(spec):
         for i in range(spec.n_items):
-            q, rep, pool = _query_and_pool(task, i)
+            q, rep, pool = _plain_pool(task, i) if spec.params.get("plain") else _query_and_pool(task, i)
             chosen = STRATEGIES["random"](pool, k, item_rng(FAMILY, variant, seed, i))
             blocks = [demo_block({"prompt": _render(task, fmt, d, j + 1), "answer": d["answer"]})
                       for j, d in enumerate(chosen)]
-            prompt = build_icl_prompt(blocks, _render(task, fmt, q, k + 1), "\n")
+            cf = content_free(spec)
+            shown = q if cf is None else {"eq": cf, "word": cf, "letter": cf, "code": cf}
+            prompt = build_icl_prompt(blocks, _render(task, fmt, shown, k + 1), "\n")
             if task == "algebra" and fmt == "instruction":
                 prompt = "Solve each equation for a.\n" + prompt
             ans = int(q["answer"])

@@ -30,7 +30,8 @@ from typing import Iterator
 from ..errors import ProbeSpecError
 from ._demos import icl_prompts
 from ..items import ProbeItem, item_rng
-from ._real import check_boundary, check_int, check_tasks, load_data, make_item, selected, variant_names
+from ._real import (check_boundary, check_int, check_tasks, content_free, load_data, make_item, selected,
+                    variant_names)
 from ._registry import register_family
 from ._spec import FamilySpec
 
@@ -80,8 +81,17 @@ def _problem(task: str, answer: str, rng: random.Random) -> dict:
     return {"a": a, "op": op, "b": b, "answer": answer}
 
 
-def _render(task: str, fmt: str, p: dict) -> str:
-    """The problem as the model sees it, ending where the answer goes."""
+def _render(task: str, fmt: str, p: dict, cf: str | None = None) -> str:
+    """The problem as the model sees it, ending where the answer goes; with ``cf`` (a content-free
+    string such as "N/A") in place of the problem's content (the word, or the whole expression)."""
+    if cf is not None:
+        if task == "letters":
+            p = {"word": cf}
+        elif task == "number_words":
+            return (f"Q: What is {cf}, written as a word? A:" if fmt == "qa"
+                    else f"Question: Write {cf} in words.\nAnswer:")
+        else:
+            return f"Q: {cf} = ? A:" if fmt == "qa" else f"{cf} ="
     if task == "letters":
         return (f"Q: What is the first letter of the word '{p['word']}'? A:" if fmt == "qa"
                 else f"Question: Which letter does '{p['word']}' start with?\nAnswer:")
@@ -132,14 +142,17 @@ def real_successive(spec: FamilySpec, seed: int) -> Iterator[ProbeItem]:
         demos = []
         for s in range(spec.params["n_demo_sets"]):
             r = item_rng(FAMILY, task, "demo_set", s)
-            demos += [{"prompt": _render(task, fmt, _problem(task, a, r)), "answer": a, "demo_set": s}
-                      for a in _sequence(task, max_k(task))]
+            rows = [{"prompt": _render(task, fmt, _problem(task, a, r)), "answer": a, "demo_set": s}
+                    for a in _sequence(task, max_k(task))]
+            if spec.params.get("plain"):  # capability: the same problems in a random order, no successive answers
+                item_rng(FAMILY, task, "plain_order", s).shuffle(rows)
+            demos += rows
         tests = []
         pool = [a for a in _test_answers(task, k) if a not in (shortcut, seq[k - 1])]
         for i in range(spec.n_items):
             r = item_rng(FAMILY, task, "query", i)
             ans = r.choice(pool)
-            tests.append((_render(task, fmt, _problem(task, ans, r)), ans))
+            tests.append((_render(task, fmt, _problem(task, ans, r), content_free(spec)), ans))
         prompts = icl_prompts(demos, [t for t, _ in tests], strategy="ordered", k=k, seed=seed, joiner="\n")
         for i, ((_, ans), (prompt, used)) in enumerate(zip(tests, prompts)):
             yield make_item(spec, variant, seed, i, prompt, ans, shortcut, [seq[k - 1]],

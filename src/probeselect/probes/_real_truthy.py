@@ -13,6 +13,13 @@ Tasks (hand-written statements in ``data/real/truthy.json``): ``common_misconcep
 (45 statements that sound false but are true; pool 3:1 false). Formats: ``qa`` and
 ``statement`` ("Statement: ...\\nAnswer: X"). Demonstrations: ``random`` as in GDsuite,
 ``n_demos`` drawn afresh for each item from one stream per (task, format, seed).
+
+The two tasks swap which label is the task answer, so a model's True/False prior enters
+their raw margins with opposite signs (a label-biased model scores about -b and +b: the
+per-variant ranks mirror and a ``variant: "*"`` proxy ties every checkpoint). Read them
+against the content-free reference (``score --calibrate``: ``real_truthy_cf``,
+``calibrated_mean_margin`` per variant; :mod:`._calibration`), which removes that prior per
+variant, next to the capability twin ``real_truthy_plain`` (:mod:`._real_plain`).
 """
 
 from __future__ import annotations
@@ -21,7 +28,8 @@ from typing import Iterator
 
 from ._demos import icl_prompts
 from ..items import ProbeItem
-from ._real import check_boundary, check_int, check_tasks, load_data, make_item, selected, variant_names
+from ._real import (check_boundary, check_int, check_tasks, content_free, load_data, make_item, selected,
+                    variant_names)
 from ._registry import register_family
 from ._spec import FamilySpec
 
@@ -53,6 +61,9 @@ def _validate(spec: FamilySpec, source: str) -> None:
 def real_truthy(spec: FamilySpec, seed: int) -> Iterator[ProbeItem]:
     """Truthy statements: imbalanced true/false demos; the query sounds true but is false (or the reverse)."""
     d = load_data("truthy.json")
+    if spec.params.get("plain"):
+        yield from _plain(spec, seed, d)
+        return
     for variant, task, fmt in selected(spec):
         if task == "common_misconception":
             tests, correct = d["misconceptions"], "False"
@@ -63,9 +74,34 @@ def real_truthy(spec: FamilySpec, seed: int) -> Iterator[ProbeItem]:
         wrong = "True" if correct == "False" else "False"
         demos = [{"prompt": _render(fmt, s), "answer": a} for s, a in pool]
         tests = tests[: spec.n_items]
-        prompts = icl_prompts(demos, [_render(fmt, s) for s in tests], strategy="random", k=spec.n_demos, seed=seed,
-                              joiner="\n")
+        queries = [_render(fmt, content_free(spec) or s) for s in tests]
+        prompts = icl_prompts(demos, queries, strategy="random", k=spec.n_demos, seed=seed, joiner="\n")
         for i, (s, (prompt, used)) in enumerate(zip(tests, prompts)):
             yield make_item(spec, variant, seed, i, prompt, correct, wrong, (),
                             {"task": task, "format": fmt, "statement": s,
+                             "demo_labels": [u["answer"] for u in used]})
+
+
+PLAIN_ITEMS = 10  # plain statements per label never shown in any truthy prompt (plain_true/false[30:40])
+
+
+def _plain(spec: FamilySpec, seed: int, d: dict) -> Iterator[ProbeItem]:
+    """Capability form (``params.plain``; family ``real_truthy_plain``): the same skill, judging a
+    statement, without the tempting pattern: plain statements that sound as true (or false) as
+    they are, after demonstrations balanced between True and False (``balanced``: n_demos // 2
+    each). The variant of each task keeps its correct label: ``common_misconception.*`` asks
+    plain false statements (task " False", foil " True"), ``surprising_truth.*`` plain true ones."""
+    pool = ([{"s": s, "answer": "True", "label": 0} for s in d["plain_true"][:MAJORITY]]
+            + [{"s": s, "answer": "False", "label": 1} for s in d["plain_false"][:MAJORITY]])
+    for variant, task, fmt in selected(spec):
+        correct = "False" if task == "common_misconception" else "True"
+        wrong = "True" if correct == "False" else "False"
+        tests = d["plain_false" if correct == "False" else "plain_true"][MAJORITY:MAJORITY + PLAIN_ITEMS]
+        tests = tests[: spec.n_items]
+        demos = [{"prompt": _render(fmt, x["s"]), "answer": x["answer"], "label": x["label"]} for x in pool]
+        prompts = icl_prompts(demos, [_render(fmt, s) for s in tests], strategy="balanced", k=spec.n_demos, seed=seed,
+                              joiner="\n")
+        for i, (s, (prompt, used)) in enumerate(zip(tests, prompts)):
+            yield make_item(spec, variant, seed, i, prompt, correct, wrong, (),
+                            {"task": task, "format": fmt, "statement": s, "kind": "capability", "foil_kind": "other_label",
                              "demo_labels": [u["answer"] for u in used]})

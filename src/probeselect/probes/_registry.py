@@ -31,7 +31,7 @@ class Family:
     requires: str | None = None  # "toy_world": only meaningful on checkpoints of the toy ladder
 
 
-KINDS = ("conflict", "capability")
+KINDS = ("conflict", "capability", "calibration")  # calibration: content-free references (_calibration)
 REQUIREMENTS = ("toy_world",)
 _FAMILIES: dict[str, Family] = {}
 #: Data-defined families (user specs with ``data:`` or a template), keyed by name.

@@ -9,7 +9,7 @@ fails if the two copies drift apart.
 ``--probes`` (score) and ``score.probes`` (run configs) accept, besides spec files:
 
 * a folder: every ``*.yaml`` / ``*.yml`` directly in it;
-* a collection name: ``real`` (the six real-LM families) or ``capability``;
+* a collection name: ``real`` (the six real-LM conflict families and their capability twins) or ``capability``;
 * a family name that has a shipped spec (``real_successive``, ``arith_pattern`` ...): that
   spec file (its item counts and variants, not the family's bare defaults).
 
