@@ -39,7 +39,10 @@ def _config(tmp_path, ladder, confirm=True, tie_margin=0.0) -> Path:
         "score": {"probes": [str(REPO / "probes/arith_pattern.yaml"), str(REPO / "probes/tmpl_repeated.yaml")],
                   "seeds": [0], "n_items": 3, "audit_items": 0, "heldout": "{ladder}/data/heldout.txt"},
         "plan": str(plan),
-        "pilot": {"recipe": "recipes/pilot.yaml", "overrides": ["data.train={ladder}/data/sft.jsonl"]},
+        "pilot": {"recipe": "recipes/pilot.yaml", "overrides": [
+                     "data.train={ladder}/data/sft.jsonl", "transfer.tasks={ladder}/data/transfer.jsonl",
+                     "transfer.robustness={ladder}/data/robustness.jsonl",
+                     "transfer.heldout={ladder}/data/sft_heldout.jsonl"]},
         "confirm": {"recipe": "recipes/confirm.yaml", "top": 2} if confirm else None,
         "select": {"allow_post_hoc": False, "allow_weak": True},  # k = 2 bases cannot beat the proxy null
         "device": "cpu",
