@@ -175,7 +175,9 @@ def normalize_row(r: dict, where: str, *, error_cls: type[Exception] = SFTDataEr
         return out
     if form == "messages":
         msgs = _check_messages(_as_list(r["messages"]), where, "messages", error_cls)
-        n_context = 0
+        n_context = r.get("n_context") or 0  # an already normalized conversational row keeps its context length
+        if isinstance(n_context, bool) or not isinstance(n_context, int) or not 0 <= n_context < len(msgs):
+            raise error_cls(f"{where}: n_context must be an integer in [0, {len(msgs)}), got {n_context!r}.")
     elif form == "conversational":
         prompt = _check_messages(_as_list(r["prompt"]), where, "prompt", error_cls)
         comp = _check_messages(_as_list(r["completion"]), where, "completion", error_cls)
@@ -325,8 +327,8 @@ def _template_for(tokenizer, chat_template: str | None) -> str | None:
 def _encode_one(tokenizer, row: dict, *, chat_template: str | None, loss_on: str) -> tuple[list[int], list[bool]]:
     rid = row["id"]
     template = _template_for(tokenizer, chat_template)
-    if row_form(row) == "":  # rows not read by load_rows (tests, the held-out evaluator)
-        row = normalize_row(row, f"example {rid}")
+    if row_form(row) != "messages" and "response" not in row or row_form(row) == "conversational":
+        row = normalize_row(row, f"example {rid}")  # a raw row not read by load_rows (API callers, tests)
     if row_form(row) == "messages":
         if not template:
             raise SFTDataError(f"example {rid}: chat messages need a chat template; set data.chat_template in the "
