@@ -174,6 +174,9 @@ def test_cli_run_with_a_planted_tie_names_no_winner(tmp_path, tiny_ladder, monke
     assert main(["run", str(cfg), "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "confirm    off" in out and "report     ran" in out and "no clear winner" in out
+    # issue 24: a given ladder folder is not "not configured", and the tie names no winner, not "no clear winner: X"
+    assert f"existing ladder {tiny_ladder} (nothing to build)" in out and "no clear winner: " not in out
+    assert "no clear winner (an interval of top - other overlaps the tie margin); best seed mean" in out
     sel = json.loads((tmp_path / "out" / "score" / "selection.json").read_text())
     assert sel["decision"]["verdict"] == "no_clear_winner" and sel["decision"]["recommended"] is None
     assert sel["decision"]["diff"] == 0 and sel["decision"]["diff_ci"] == [0, 0]
