@@ -163,14 +163,21 @@ def test_lock_validates_every_name_against_the_run(run, edit, match, capsys):
 
 def test_lock_checks_metrics_against_the_pilot_recipe(run, tmp_path):
     d, plan = run
+    sft, tasks = tmp_path / "sft.jsonl", tmp_path / "x.jsonl"
+    sft.write_text(json.dumps({"id": "s1", "prompt": "Q: 1 + 1? A:", "response": " 2"}) + "\n")
+    tasks.write_text(json.dumps({"id": "t1", "kind": "k", "prompt": "Q: 2 + 2? A:", "response": " 4"}) + "\n")
+    files = [f"data.train={sft}", f"transfer.tasks={tasks}", "transfer.heldout=null", "transfer.robustness=null",
+             "eval.every=0"]
     plan.write_text(PLAN.replace("task_accuracy}", "sft_heldout_bpb}"))
     with pytest.raises(ProbeSpecError, match=r"'sft_heldout_bpb' is not produced by the transfer suite of .*parts: tasks\)"):
-        lock_plan(plan, d, recipe=REPO / "recipes" / "pilot.yaml",
-                  recipe_overrides=["transfer.tasks=x.jsonl", "transfer.heldout=null", "transfer.robustness=null",
-                                    "eval.every=0"])
+        lock_plan(plan, d, recipe=REPO / "recipes" / "pilot.yaml", recipe_overrides=files)
     plan.write_text(PLAN)
-    rec = lock_plan(plan, d, recipe=REPO / "recipes" / "pilot.yaml",
-                    recipe_overrides=["transfer.tasks=x.jsonl", "seeds=[0,1]"])
+    # every data file of the recipe is read at lock (issue 24): a missing held-out file is named
+    with pytest.raises(Exception, match=r"nope.jsonl: transfer.heldout file not found"):
+        lock_plan(plan, d, recipe=REPO / "recipes" / "pilot.yaml",
+                  recipe_overrides=[*files[:2], "transfer.robustness=null", f"transfer.heldout={tmp_path / 'nope.jsonl'}"])
+    assert not (d / "plan.lock.json").exists()
+    rec = lock_plan(plan, d, recipe=REPO / "recipes" / "pilot.yaml", recipe_overrides=[*files, "seeds=[0,1]"])
     # a recipe that trains 2 seeds; the plan asks for 3 by default
     assert rec["recipe"]["seeds"] == [0, 1] and any("min_sft_seeds = 3" in w for w in rec["warnings"])
 

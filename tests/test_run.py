@@ -39,7 +39,10 @@ def _config(tmp_path, ladder, confirm=True, tie_margin=0.0) -> Path:
         "score": {"probes": [str(REPO / "probes/arith_pattern.yaml"), str(REPO / "probes/tmpl_repeated.yaml")],
                   "seeds": [0], "n_items": 3, "audit_items": 0, "heldout": "{ladder}/data/heldout.txt"},
         "plan": str(plan),
-        "pilot": {"recipe": "recipes/pilot.yaml", "overrides": ["data.train={ladder}/data/sft.jsonl"]},
+        "pilot": {"recipe": "recipes/pilot.yaml", "overrides": [
+                     "data.train={ladder}/data/sft.jsonl", "transfer.tasks={ladder}/data/transfer.jsonl",
+                     "transfer.robustness={ladder}/data/robustness.jsonl",
+                     "transfer.heldout={ladder}/data/sft_heldout.jsonl"]},
         "confirm": {"recipe": "recipes/confirm.yaml", "top": 2} if confirm else None,
         "select": {"allow_post_hoc": False, "allow_weak": True},  # k = 2 bases cannot beat the proxy null
         "device": "cpu",
@@ -171,6 +174,9 @@ def test_cli_run_with_a_planted_tie_names_no_winner(tmp_path, tiny_ladder, monke
     assert main(["run", str(cfg), "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "confirm    off" in out and "report     ran" in out and "no clear winner" in out
+    # issue 24: a given ladder folder is not "not configured", and the tie names no winner, not "no clear winner: X"
+    assert f"existing ladder {tiny_ladder} (nothing to build)" in out and "no clear winner: " not in out
+    assert "no clear winner (an interval of top - other overlaps the tie margin); best seed mean" in out
     sel = json.loads((tmp_path / "out" / "score" / "selection.json").read_text())
     assert sel["decision"]["verdict"] == "no_clear_winner" and sel["decision"]["recommended"] is None
     assert sel["decision"]["diff"] == 0 and sel["decision"]["diff_ci"] == [0, 0]

@@ -71,7 +71,10 @@ def _run(tmp_path, ladder):
            "score": {"probes": [str(REPO / "probes/arith_pattern.yaml"), str(REPO / "probes/tmpl_repeated.yaml")],
                      "seeds": [0], "n_items": 3, "audit_items": 0},
            "plan": str(tmp_path / "plan.yaml"),
-           "pilot": {"recipe": "recipes/pilot.yaml", "overrides": ["data.train={ladder}/data/sft.jsonl"]},
+           "pilot": {"recipe": "recipes/pilot.yaml", "overrides": [
+                     "data.train={ladder}/data/sft.jsonl", "transfer.tasks={ladder}/data/transfer.jsonl",
+                     "transfer.robustness={ladder}/data/robustness.jsonl",
+                     "transfer.heldout={ladder}/data/sft_heldout.jsonl"]},
            "confirm": None,
            "select": {"allow_post_hoc": False, "allow_weak": True},  # 3 bases cannot beat the proxy null
            "device": "cpu"}

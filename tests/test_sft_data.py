@@ -61,7 +61,7 @@ def test_jsonl_parquet_and_datasets_folder_agree(tmp_path, tok):
     ('{"id": "a", "prompt": "x", "response": " y"}\n{bad\n', r"bad.jsonl: line 2: invalid JSON"),
     ('{"id": "a", "prompt": "x", "response": " y"}\n{"id": "a", "prompt": "x", "response": " y"}\n',
      r"duplicate id 'a'"),
-    ('{"id": "a", "text": "x"}\n', r"row 0 has neither prompt/response nor messages"),
+    ('{"id": "a", "text": "x"}\n', r"bad.jsonl: line 1 \(id 'a'\): unrecognised row .*language-modeling .*\"completion\""),
 ])
 def test_bad_data_files(tmp_path, content, match):
     f = tmp_path / "bad.jsonl"

@@ -271,7 +271,7 @@ def test_bad_files_give_clear_errors(tmp_path):
     with pytest.raises(TransferError, match=r"bad\.jsonl:2: invalid JSON"):
         load_transfer_items({"tasks": str(bad)})
     p = _write_jsonl(tmp_path / "nofield.jsonl", [{"id": "t1", "kind": "k", "prompt": "x"}])
-    with pytest.raises(TransferError, match=r"nofield\.jsonl:1: .*lacks \['response'\]"):
+    with pytest.raises(TransferError, match=r"nofield\.jsonl:1 .*lacks 'response' \(or TRL's 'completion'\)"):
         load_transfer_items({"tasks": str(p)})
     p = _write_jsonl(tmp_path / "msgs.jsonl", [{"id": "t1", "kind": "k", "messages": []}])
     with pytest.raises(TransferError, match="messages"):

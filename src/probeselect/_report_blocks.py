@@ -280,8 +280,19 @@ def provenance_section(manifest: dict | None, run_dir: Path) -> Section:
     if len(fps) > 1 and len(set(fps)) < len(fps):
         items.append(f"{len(fps) - len(set(fps)) + 1} checkpoints share a fingerprint: the fingerprint records file "
                      "layout, config and tokenizer, not weight values, so it does not tell these checkpoints apart.")
+    repos = sorted({str(c["repo"]) for c in ckpts if c.get("repo")})
+    if repos:
+        items.append(f"Hub ladder: {', '.join(f'`{r}`' for r in repos)}, revisions "
+                     + ", ".join(f"`{c.get('revision')}`" for c in ckpts if c.get("repo"))
+                     + " (the commit of each revision in the table; the fingerprint includes it).")
     s.blocks.append(Bullets(items))
-    if ckpts:
+    if ckpts and repos:
+        s.blocks.append(Table(["checkpoint", "repo", "revision", "commit", "step", "tokens", "fingerprint",
+                               "tokenizer hash"],
+                              [[str(c.get("name")), str(c.get("repo") or "-"), str(c.get("revision") or "-"),
+                                str(c.get("commit") or "-"), fmt(c.get("step")), fmt(c.get("tokens")),
+                                _short(c.get("fingerprint")), _short(c.get("tokenizer_hash"), 12)] for c in ckpts]))
+    elif ckpts:
         s.blocks.append(Table(["checkpoint", "step", "tokens", "fingerprint", "tokenizer hash"],
                               [[str(c.get("name")), fmt(c.get("step")), fmt(c.get("tokens")),
                                 _short(c.get("fingerprint")), _short(c.get("tokenizer_hash"), 12)]
@@ -310,12 +321,16 @@ _STAGE_NAMES = {"score", "scores", "run", "runs", "out", "output", "outputs", "r
 def run_name(run_dir: Path, manifest: dict | None) -> str:
     """A human name for a scored run, for report titles.
 
-    In this order: the run config of ``probeselect run CONFIG`` (its file stem, e.g.
+    In this order: the Hub repo when every checkpoint is a revision of one repo; the run
+    config of ``probeselect run CONFIG`` (its file stem, e.g.
     ``demo``); else the checkpoint ladder's folder (with its parent when the folder has a
     generic name such as ``ladder``); else the run folder (with its parent when the
     folder is a stage name such as ``score``).
     """
     man = manifest or {}
+    repos = {str(c.get("repo")) for c in man.get("checkpoints") or [] if isinstance(c, dict) and c.get("repo")}
+    if len(repos) == 1:  # Hub revisions of one repo: the repo names the ladder
+        return repos.pop()
     cmd = [str(c) for c in (man.get("command") or [])]
     if "run" in cmd:
         after = cmd[cmd.index("run") + 1:]

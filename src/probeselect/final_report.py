@@ -39,14 +39,15 @@ SELECTION_CAVEATS = [
     "SFT/RL budget, data recipe or learning rate; the confirmation checks one larger budget, not every one.",
     "Transfer here means the declared held-out suite (task kinds absent from the SFT data, one prefill-attack analogue, "
     "termination, held-out SFT loss). Robustness measures the evaluated attack setup, not all safety.",
-    "Selection on the toy world supports the choice in this tested setting; it does not establish that earlier (or later) "
-    "bases generally win.",
+    "Selection on this ladder supports the choice in this tested setting; it does not establish that earlier (or later) "
+    "bases generally win, on this ladder's other checkpoints or on another ladder.",
     "With few bases, rank correlations between proxies and transfer are coarse (see the null); a proxy that agrees with "
     "transfer on three bases is weak evidence that it would agree on the next ladder.",
     "Selecting the best proxy after seeing the transfer ranking inflates its correlation: compare it with the best-of-M "
     "null, not with zero. Only a proxy fixed in the locked plan counts as prospective evidence.",
-    "A bootstrap interval covers resampling of the evaluated items and SFT seeds; it does not cover other recipes, "
-    "other item suites or systematic errors in the runs (check the run-correctness table).",
+    "The intervals are seed-level paired t intervals: they cover the variation between SFT seeds (each seed's value "
+    "averages the evaluated items); they do not cover other recipes, other item suites or systematic errors in the "
+    "runs (check the run-correctness table).",
 ]
 
 
@@ -224,6 +225,18 @@ def _floor_ceiling_bullets(transfer: pd.DataFrame | None, sel: dict) -> list[str
             "evidence; make the transfer suite harder (or easier) where they sit."]
 
 
+def _confirm_command(run_dir: Path, top) -> str:
+    """The confirm command for this run: its pilot recipe at the intended budget (never the toy's
+    recipes/confirm.yaml unless this run's pilot used the toy recipe)."""
+    man = _read_json(run_dir / "pilot" / "manifest.json") or {}
+    src = str(man.get("recipe_source") or "").split(" (with overrides")[0]
+    cmd = f"`probeselect confirm RUN_DIR --recipe CONFIRM_RECIPE --top {top}`"
+    if not src:
+        return cmd + ", CONFIRM_RECIPE being the pilot recipe at the intended budget"
+    return (cmd + f", CONFIRM_RECIPE being this run's pilot recipe `{shown_path(src, run_dir)}` at the intended budget "
+            "(e.g. a copy with a larger `budget:`)")
+
+
 def _decision_section(sel: dict, conf: dict | None, diag: pd.DataFrame | None,
                       conf_diag: pd.DataFrame | None = None, transfer: pd.DataFrame | None = None,
                       run_dir: Path = Path(".")) -> Section:
@@ -295,7 +308,7 @@ def _decision_section(sel: dict, conf: dict | None, diag: pd.DataFrame | None,
                      "transfer result existed, and is unchanged since.")
     if conf is None:
         items.append("**Confirmation**: not run. Confirm at the intended budget before committing "
-                     "(`probeselect confirm RUN_DIR --recipe recipes/confirm.yaml --top 2`).")
+                     f"({_confirm_command(run_dir, 2)}).")
     else:
         tail = (f" Kendall tau between pilot and confirmation rankings of {len(conf.get('bases', []))} bases: "
                 f"{_g(conf.get('kendall_tau'))}; {len(conf.get('reversals', []))} reversal(s).")
@@ -433,7 +446,7 @@ _STATUS_WORDS = {
 def _confirm_section(conf: dict | None, sel: dict | None = None, run_dir: Path = Path(".")) -> Section:
     s = Section("Confirmation")
     if conf is None:
-        s.blocks.append(Para("Not run. `probeselect confirm RUN_DIR --recipe recipes/confirm.yaml --top N` retrains the "
+        s.blocks.append(Para(f"Not run. {_confirm_command(run_dir, 'N')} retrains the "
                              "top N pilot bases at the intended budget under the same matching guarantees."))
         return s
     prim = conf["primary"]["metric"]

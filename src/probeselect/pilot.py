@@ -57,6 +57,7 @@ from ._hub import checkpoint_from_snapshot
 from .errors import (CheckpointError, ManifestMismatchError, ResumeError, SelectionError, TokenizerMismatchError,
                      UsageError)
 from .manifest import base_manifest
+from .sft.check_data import check_recipe_data
 from .sft.data import data_hash, encode_rows, load_rows, prompt_formatter
 from .sft.loop import train
 from .sft.manifest import build_data_manifest, compare_manifests, manifest_hash, require_same_manifest
@@ -352,6 +353,7 @@ def _run_pilot(bases, recipe, out_dir, *, progress, merged, device, ladder, over
     t_hash = transfer_hash(transfer_cfg)
     tokenizer = load_tokenizer(ckpts[0].path)
     tok_hash = ckpts[0].tokenizer_hash
+    check_recipe_data(recipe, tokenizer)  # every data file encoded as training/evaluation will, before training
 
     examples = encode_rows(rows, tokenizer, max_length=recipe.max_length, loss_on=recipe.loss_on,
                            chat_template=recipe.chat_template, source=str(recipe.train_path))
@@ -377,6 +379,15 @@ def _run_pilot(bases, recipe, out_dir, *, progress, merged, device, ladder, over
                            progress=progress, on_step=on_step, vocab_warning=vocab_warning)
 
 
+def _trained_anything(out: Path) -> bool:
+    """Whether any run in the pilot folder has trained (a log row, a saved state or a finished run)."""
+    for run_dir in out.glob("*/seed*"):
+        log = run_dir / "train_log.jsonl"
+        if (run_dir / "done.json").is_file() or (run_dir / "state").is_dir() or (log.is_file() and log.stat().st_size):
+            return True
+    return False
+
+
 def _pilot_body(out, bases, recipe, ckpts, examples, by_id, heldout, leakage, transfer_cfg, t_hash, tokenizer,
                 tok_hash, d_hash, pad_id, is_main, started, *, merged, device, progress, on_step,
                 vocab_warning) -> PilotResult:
@@ -388,6 +399,12 @@ def _pilot_body(out, bases, recipe, ckpts, examples, by_id, heldout, leakage, tr
         path = out / f"data_manifest-seed{seed}.json"
         if path.is_file():
             diff = compare_manifests(json.loads(path.read_text(encoding="utf-8")), m)
+            if diff is not None and not _trained_anything(out):
+                # left by a pilot that failed before any run trained (e.g. a bad LoRA target): nothing
+                # depends on it, so the corrected recipe's manifest replaces it
+                if is_main:
+                    atomic_write_json(path, m)
+                diff = None
             if diff is not None:
                 raise ManifestMismatchError(f"{path}: this pilot folder was written with a different data manifest "
                                             f"({diff}). Use a new --out, or delete {out} to start over.")
@@ -441,7 +458,7 @@ def _pilot_body(out, bases, recipe, ckpts, examples, by_id, heldout, leakage, tr
                 # a chat template renders its own special tokens: encode like the SFT encoder (no BOS added)
                 items = evaluate_transfer(res.model, tokenizer, recipe.transfer, device=res.device, progress=progress,
                                           format_prompt=fmt, source=recipe.source, add_special_tokens=fmt is None,
-                                          desc=f"{ckpt.name} seed{seed}")
+                                          desc=f"{ckpt.name} seed{seed}", chat_template=recipe.chat_template)
             atomic_write_parquet(run_dir / "transfer_items.parquet", items)
             saved = None if res.steps_trained else _saved_outputs(run_dir, method=recipe.method.type, merged=merged)
             if saved is None:  # newly trained, or the saved model is missing: (re)write it
@@ -564,7 +581,8 @@ def _evaluate_bases(ckpts, tokenizer, recipe: Recipe, out: Path, t_hash: str | N
 
         model = load_model(Path(ckpt.path), torch.float32, dev)
         items = evaluate_transfer(model, tokenizer, recipe.transfer, device=dev, progress=False, format_prompt=fmt,
-                                  source=recipe.source, add_special_tokens=fmt is None)
+                                  source=recipe.source, add_special_tokens=fmt is None,
+                                  chat_template=recipe.chat_template)
         atomic_write_parquet(d / "transfer_items.parquet", items)
         summ = summarize_transfer(items)
         atomic_write_json(d / "done.json", {**expect, "base": ckpt.name, "base_path": str(ckpt.path),

@@ -775,6 +775,9 @@ def lock_plan(plan_path: str | Path, run_dir: str | Path, *, force: bool = False
         from .sft.recipe import load_recipe
 
         rec_obj = load_recipe(recipe, list(recipe_overrides), check_files=False)
+        from .sft.check_data import check_recipe_data
+
+        check_recipe_data(rec_obj)  # every data file of the recipe (sft, heldout, transfer) is read and checked
     warnings = validate_plan_against_run(plan, run_dir, recipe=rec_obj)
     summary = pd.read_csv(run_dir / "summary.csv")
     from .dynamics import checkpoint_order

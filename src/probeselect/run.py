@@ -228,6 +228,18 @@ class _Stage:
     outputs: Callable[[], list[Path]]
     run: Callable[[], str]
     enabled: bool = True
+    off_detail: str = "not configured"  # the run summary's note when the stage is off
+
+
+def _select_summary(r) -> str:
+    """One line for the run summary: the verdict and, only for a clear winner, the base it names."""
+    p = f", P(top beats runner-up) {r.p_top_beats_runner_up:.2f}" if r.p_top_beats_runner_up is not None else ""
+    if r.verdict == "clear_winner":
+        return f"clear winner: {r.recommended}{p}"
+    if r.verdict == "none_eligible" or r.top is None:
+        return "no eligible base (none passes the transfer constraints)"
+    return (f"no clear winner ({r.reason or 'intervals overlap'}); best seed mean {r.top}"
+            + (f", runner-up {r.runner_up}" if r.runner_up else "") + p)
 
 
 def _state_path(out: Path) -> Path:
@@ -421,9 +433,7 @@ def run_pipeline(config: str | Path, *, overrides: Sequence[str] = (), force: Se
         from .select import select
 
         res = select(run, plan_path=plan, allow_post_hoc=bool(sel_cfg.get("allow_post_hoc", False)))
-        r = res.ranking
-        return (("POST-HOC; " if res.post_hoc else "") + f"{r.verdict.replace('_', ' ')}: {r.recommended or r.top}"
-                + (f", P(top beats runner-up) {r.p_top_beats_runner_up:.2f}" if r.p_top_beats_runner_up is not None else ""))
+        return ("POST-HOC; " if res.post_hoc else "") + _select_summary(res.ranking)
 
     def do_confirm() -> str:
         from .confirm import confirm
@@ -443,7 +453,9 @@ def run_pipeline(config: str | Path, *, overrides: Sequence[str] = (), force: Se
 
     pilot_out = files("pilot/transfer.csv", "pilot/transfer_items.parquet", "pilot/diagnostics.csv")
     stages = [
-        _Stage("ladder", lambda: {"toy": toy}, lambda: [ladder / "ladder.json"], do_ladder, enabled=toy is not None),
+        _Stage("ladder", lambda: {"toy": toy}, lambda: [ladder / "ladder.json"], do_ladder, enabled=toy is not None,
+               off_detail=(f"Hub revisions of {hub['repo']} (nothing to build)" if hub is not None
+                           else f"existing ladder {ladder} (nothing to build)")),
         _Stage("score", lambda: {"ladder": _ladder_identity(ladder_source()), "probes": [s.to_dict() for s in _load_specs(sc, world_seed())],
                                  "specs": _hash_files(_spec_paths(sc)),
                                  "heldout": _hash_files([Path(sc["heldout"])]) if sc.get("heldout") else None,
@@ -451,7 +463,9 @@ def run_pipeline(config: str | Path, *, overrides: Sequence[str] = (), force: Se
                lambda: files("summary.csv", "scores.parquet", "manifest.json"), do_score),
         _Stage("average", lambda: {"score": _hash_files(files("manifest.json")), "average": avg_cfg},
                lambda: files("averaged/summary.csv", "averaged/scores.parquet"), do_average,
-               enabled=avg_cfg is not None),
+               enabled=avg_cfg is not None,
+               off_detail=("`average:` not set (off unless configured; e.g. average: {window: 5})" if hub is None
+                           else "Hub revisions: averaging needs a local ladder folder")),
         _Stage("dynamics", lambda: {**_hash_files(files("summary.csv", "scores.parquet")),
                                     "lineage": _hash_files([p]) if (p := _find_lineage(run)) else None},
                lambda: files("dynamics/dynamics.csv"), do_dynamics),
@@ -490,7 +504,7 @@ def _run_stages(stages, out: Path, run: Path, paths: dict, overrides, forced: se
     for st in stages:
         t0 = time.perf_counter()
         if not st.enabled:
-            result.stages.append(StageResult(st.name, "off", 0.0, "not configured"))
+            result.stages.append(StageResult(st.name, "off", 0.0, st.off_detail))
             continue
         rec = state["stages"].get(st.name)
         outs = st.outputs()

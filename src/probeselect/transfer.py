@@ -14,6 +14,12 @@ current working directory)::
 
 Every key is optional, but at least one of tasks / robustness / heldout must be given.
 Files are JSONL (one object per line) or parquet.
+Task and held-out rows take every SFT row form (:mod:`probeselect.sft.data`: prompt/response,
+TRL's prompt/completion, ``messages``, TRL's conversational prompt/completion; ``kind``
+optional); chat rows are prompted with their context rendered by the recipe's (or the
+tokenizer's) chat template with ``add_generation_prompt=True`` and their reference scored as
+the template renders it (the template decides a leading space). Robustness rows stay
+prompt/prefill/answer/misleading.
 
 Prompt format. Rows are ``prompt``/``response`` pairs formatted the way the SFT trainer
 formats them: the model input is ``format_prompt(prompt)`` (identity unless the pilot
@@ -236,7 +242,13 @@ def _read_rows(path: Path, what: str) -> list[dict]:
 
 
 def _check_rows(rows: list[dict], path: Path, what: str) -> list[dict]:
-    need = _REQUIRED[what]
+    """Validate and normalize the rows of one suite file. Tasks and held-out rows take the SFT
+    row forms (:func:`probeselect.sft.data.normalize_row`: prompt/response, TRL's
+    prompt/completion, ``messages``, TRL's conversational prompt/completion; ``kind`` optional);
+    robustness rows need every field of :data:`_REQUIRED`."""
+    from .sft.data import normalize_row, row_form
+
+    need = _REQUIRED[what] if what == "robustness" else ("id",)
     seen: set[str] = set()
     out = []
     for i, row in enumerate(rows):
@@ -244,11 +256,21 @@ def _check_rows(rows: list[dict], path: Path, what: str) -> list[dict]:
         missing = [k for k in need if k not in row]
         if missing:
             raise TransferError(f"{where}: transfer.{what} row lacks {missing}; each row needs {list(need)}"
-                                + (" (chat 'messages' rows are not supported here; use prompt/response)"
-                                   if "messages" in row else "") + ".")
+                                + (" (chat 'messages' rows are not supported for robustness items; use "
+                                   "prompt/prefill/answer/misleading)" if "messages" in row else "") + ".")
         for k in need:
             if not isinstance(row[k], str) or (k != "kind" and not row[k]):
                 raise TransferError(f"{where}: transfer.{what} field {k!r} must be a non-empty string, got {row[k]!r}.")
+        if what != "robustness":
+            row = normalize_row(row, f"{where} (transfer.{what}, id {row['id']!r})", error_cls=TransferError)
+            if not isinstance(row.get("kind", ""), str):
+                raise TransferError(f"{where}: transfer.{what} field 'kind' must be a string, got {row['kind']!r}.")
+            row.setdefault("kind", "")
+            if row_form(row) == "plain":
+                for k in ("prompt", "response"):
+                    if not row[k]:
+                        raise TransferError(f"{where}: transfer.{what} field {k!r} must be a non-empty string "
+                                            f"(TRL's standard rows: prompt/completion), got {row[k]!r}.")
         if row["id"] in seen:
             raise TransferError(f"{where}: duplicate id {row['id']!r} in transfer.{what}; ids must be unique.")
         seen.add(row["id"])
@@ -347,8 +369,8 @@ def check_disjoint_from_probes(transfer_items: TransferItems | Iterable[Mapping[
                 probe_index.setdefault((q, ans), ref)
     dups = []
     for r in rows:
-        ans = normalize_answer(str(r.get("response", r.get("answer", ""))))
-        prompt = str(r.get("prompt", ""))
+        ans = normalize_answer(_row_answer(r))
+        prompt = _sft_prompt(r)
         # the transfer prompt's last line (its query, after any demonstrations or context) and the whole prompt
         hit = next((h for q in (query_key(_last_line(prompt)), query_key(prompt)) if (h := probe_index.get((q, ans)))),
                    None)
@@ -393,7 +415,7 @@ def probe_template_matches(rows: Iterable[Mapping[str, Any]]) -> list[tuple[str,
     pats = _probe_line_patterns()
     out = []
     for r in rows:
-        for ln in str(r.get("prompt", "")).split("\n"):
+        for ln in _sft_prompt(r).split("\n"):
             fam = next((f for f, ps in pats.items() if any(p.match(ln) for p in ps)), None)
             if fam:
                 out.append((str(r.get("id")), fam, ln))
@@ -415,10 +437,29 @@ def check_not_probe_templates(transfer_items: TransferItems | Iterable[Mapping[s
 
 
 def _sft_prompt(row: Mapping[str, Any]) -> str:
-    if "prompt" in row and row.get("prompt") is not None:
-        return str(row["prompt"])
-    msgs = row.get("messages") or []
-    return "\n".join(str(m.get("content", "")) for m in msgs if isinstance(m, Mapping) and m.get("role") == "user")
+    """A row's prompt text: its string prompt, or for a chat row the contents of its user turns
+    before its last assistant turn (a raw TRL conversational row: its prompt turns)."""
+    if isinstance(row.get("prompt"), str):
+        return row["prompt"]
+    msgs = row.get("messages")
+    if msgs is None:
+        msgs = row.get("prompt")
+    msgs = list(msgs.tolist() if hasattr(msgs, "tolist") else (msgs or []))
+    last = max((i for i, m in enumerate(msgs) if isinstance(m, Mapping) and m.get("role") == "assistant"),
+               default=len(msgs))
+    return "\n".join(str(m.get("content", "")) for m in msgs[:last] if isinstance(m, Mapping) and m.get("role") == "user")
+
+
+def _row_answer(row: Mapping[str, Any]) -> str:
+    """A row's reference answer: response (or TRL's completion, or a robustness answer), or the
+    content of its last assistant turn."""
+    for k in ("response", "completion", "answer"):
+        if isinstance(row.get(k), str):
+            return row[k]
+    msgs = row.get("messages") if row.get("messages") is not None else row.get("completion")
+    msgs = list(msgs.tolist() if hasattr(msgs, "tolist") else (msgs or []))
+    return next((str(m.get("content", "")) for m in reversed(msgs)
+                 if isinstance(m, Mapping) and m.get("role") == "assistant"), "")
 
 
 def check_disjoint_from_sft(transfer_items: TransferItems | Sequence[Mapping[str, Any]],
@@ -447,7 +488,7 @@ def check_disjoint_from_sft(transfer_items: TransferItems | Sequence[Mapping[str
         return
     seen = {query_key(_sft_prompt(r)): str(r.get("id")) for r in sft_rows}
     seen.pop("", None)
-    dups = [f"{t.get('id')} = {seen[k]}" for t in tasks if (k := query_key(str(t.get("prompt", "")))) in seen]
+    dups = [f"{t.get('id')} = {seen[k]}" for t in tasks if (k := query_key(_sft_prompt(t))) in seen]
     if dups:
         raise TransferError(
             f"{len(dups)} transfer task(s) repeat an SFT training prompt ({sft_source}): {'; '.join(dups[:5])}"
@@ -511,16 +552,26 @@ def _eos_id(tokenizer) -> int:
 
 
 def heldout_nll(model, tokenizer, rows: Sequence[Mapping[str, Any]], *, format_prompt: FormatPrompt | None = None,
-                device=None, batch_size: int = 32, add_special_tokens: bool = True) -> pd.DataFrame:
+                device=None, batch_size: int = 32, add_special_tokens: bool = True,
+                chat_template: str | None = None) -> pd.DataFrame:
     """Summed NLL of each held-out SFT response, EOS included, as the SFT loss sees it.
 
-    Context = ``format_prompt(prompt)``; scored tokens = the response's tokens
-    (``encode(context + response)[len(encode(context)):]``, the span scorer's rule) plus
-    the tokenizer's EOS token. One row per input row: ``item_id, kind, nats`` (summed,
-    natural log), ``tokens`` (scored tokens, EOS included), ``bytes`` (UTF-8 bytes of the
-    scored response text). ``add_special_tokens=False`` for chat-template prompts (see
-    :func:`evaluate_transfer`).
+    Plain rows without a chat template: context = ``format_prompt(prompt)``; scored tokens =
+    the response's tokens (``encode(context + response)[len(encode(context)):]``, the span
+    scorer's rule) plus the tokenizer's EOS token. With a ``chat_template`` (the recipe's) or
+    chat rows (``messages`` / TRL conversational, the tokenizer's own template then), each row is
+    encoded by the SFT encoder (:func:`probeselect.sft.data.encode_rows`) and exactly its
+    supervised tokens are scored: the assistant turns through their end-of-turn EOS.
+    One row per input row: ``item_id, kind, nats`` (summed, natural log), ``tokens`` (scored
+    tokens, EOS included), ``bytes`` (UTF-8 bytes of the scored response text: the supervised
+    assistant contents of a chat row). ``add_special_tokens=False`` for chat-template prompts
+    (see :func:`evaluate_transfer`).
     """
+    from .sft.data import row_form
+
+    if chat_template or any(row_form(dict(r)) == "messages" for r in rows):
+        return _heldout_nll_sft(model, tokenizer, rows, chat_template=chat_template, device=device,
+                                batch_size=batch_size)
     fmt = format_prompt or _identity
     eos = _eos_id(tokenizer)
     tokenizer = _encoder(tokenizer, add_special_tokens)
@@ -537,6 +588,40 @@ def heldout_nll(model, tokenizer, rows: Sequence[Mapping[str, Any]], *, format_p
                          "bytes": nbytes})
 
 
+@torch.inference_mode()
+def _heldout_nll_sft(model, tokenizer, rows, *, chat_template, device, batch_size) -> pd.DataFrame:
+    """Held-out NLL of the tokens the SFT encoder supervises (chat rows or a recipe template)."""
+    from .errors import SFTDataError
+    from .sft.data import IGNORE, collate, encode_rows, row_form
+
+    _eos_id(tokenizer)
+    tokenizer = getattr(tokenizer, "_tok", tokenizer)  # the SFT encoder decides special tokens itself
+    try:
+        examples = encode_rows([dict(r) for r in rows], tokenizer, max_length=10**9, chat_template=chat_template,
+                               source="transfer.heldout")
+    except SFTDataError as e:
+        raise TransferError(str(e)) from None
+    nbytes = []
+    for r in rows:
+        if row_form(dict(r)) == "messages":
+            n0 = int(r.get("n_context", 0))
+            nbytes.append(sum(len(m["content"].encode("utf-8")) for m in r["messages"][n0:] if m["role"] == "assistant"))
+        else:
+            nbytes.append(len(str(r["response"]).encode("utf-8")))
+    base = _unwrap(model)
+    dev = device if device is not None else next(base.parameters()).device
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    nats: list[float] = []
+    for i in range(0, len(examples), batch_size):
+        b = collate(examples[i:i + batch_size], pad_id=pad)
+        logits = base(input_ids=b["input_ids"].to(dev), attention_mask=b["attention_mask"].to(dev)).logits.float()
+        labels = b["labels"].to(dev)[:, 1:]
+        lp = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), labels.clamp_min(0), reduction="none")
+        nats += (lp * (labels != IGNORE)).sum(dim=1).tolist()
+    return pd.DataFrame({"item_id": [r["id"] for r in rows], "kind": [r.get("kind", "") for r in rows],
+                         "nats": nats, "tokens": [e.n_sup for e in examples], "bytes": nbytes})
+
+
 # ---------------------------------------------------------------------------
 # Evaluation
 # ---------------------------------------------------------------------------
@@ -550,7 +635,8 @@ def _rows(items: Sequence[Mapping[str, Any]], metric: str, values, weights=None)
 
 def evaluate_transfer(model, tokenizer, transfer_cfg: Mapping[str, Any], *, device=None, progress: bool = False,
                       format_prompt: FormatPrompt | None = None, source: str = "<recipe>",
-                      add_special_tokens: bool = True, desc: str = "") -> pd.DataFrame:
+                      add_special_tokens: bool = True, desc: str = "",
+                      chat_template: str | None = None) -> pd.DataFrame:
     """Evaluate ``model`` on the transfer suite declared by ``transfer_cfg``.
 
     ``progress`` shows a bar (items done, rate, ETA) named ``transfer <desc>``.
@@ -563,8 +649,12 @@ def evaluate_transfer(model, tokenizer, transfer_cfg: Mapping[str, Any], *, devi
     identity by default). ``add_special_tokens``: whether encoding adds the tokenizer's
     special tokens (BOS): True for plain prompts, as the SFT encoder does for plain
     prompt/response rows; False for chat-template prompts, which render them themselves (the
-    SFT encoder then adds none either). If ``probe_items`` is declared,
-    :func:`check_disjoint_from_probes` runs first.
+    SFT encoder then adds none either). ``chat_template``: the recipe's ``data.chat_template``;
+    chat rows (``messages``, TRL conversational) are prompted with their context rendered by it
+    (or the tokenizer's own) with ``add_generation_prompt=True`` and encoded without added special
+    tokens, and held-out rows are scored on exactly the SFT-supervised tokens
+    (:func:`heldout_nll`). If ``probe_items`` is declared, :func:`check_disjoint_from_probes`
+    runs first.
     """
     from tqdm.auto import tqdm
 
@@ -573,8 +663,18 @@ def evaluate_transfer(model, tokenizer, transfer_cfg: Mapping[str, Any], *, devi
     if cfg["probe_items"]:
         check_disjoint_from_probes(items, cfg["probe_items"])
     fmt = format_prompt or _identity
+    raw_tokenizer = tokenizer
     tokenizer = _encoder(tokenizer, add_special_tokens)
     mnt, bs = cfg["max_new_tokens"], cfg["batch_size"]
+    from .sft.data import reference_continuation, reference_response, render_context, row_form
+
+    def context(row) -> str:
+        if row_form(row) == "messages":
+            return render_context(raw_tokenizer, row, chat_template)
+        return fmt(row["prompt"])
+
+    def encoder(row):  # chat rows: the template renders the special tokens
+        return _encoder(raw_tokenizer, False) if row_form(row) == "messages" else tokenizer
     if device is None:
         device = next(model.parameters()).device
     was_training = model.training
@@ -586,11 +686,18 @@ def evaluate_transfer(model, tokenizer, transfer_cfg: Mapping[str, Any], *, devi
     try:
         if items.tasks:
             bar.set_postfix_str("tasks")
-            gens = greedy_decode(model, tokenizer, [fmt(t["prompt"]) for t in items.tasks], max_new_tokens=mnt,
+            chat_tasks = [row_form(t) == "messages" for t in items.tasks]
+            if any(chat_tasks) and not all(chat_tasks) and add_special_tokens:
+                raise TransferError(f"{items.paths.get('tasks')}: transfer.tasks mixes chat rows and plain prompt "
+                                    "rows without a chat template; use one form (or set data.chat_template).")
+            gen_tok = encoder(items.tasks[0])
+            gens = greedy_decode(model, gen_tok, [context(t) for t in items.tasks], max_new_tokens=mnt,
                                  batch_size=bs, progress=bar)
             out += _rows(items.tasks, "task_accuracy",
-                         [normalize_answer(g.text) == normalize_answer(t["response"]) for g, t in zip(gens, items.tasks)])
-            pairs = [encode_pair(tokenizer, fmt(t["prompt"]), t["response"], what=f"transfer task {t['id']}")
+                         [normalize_answer(g.text) == normalize_answer(reference_response(t))
+                          for g, t in zip(gens, items.tasks)])
+            pairs = [encode_pair(encoder(t), context(t), reference_continuation(raw_tokenizer, t, chat_template),
+                                 what=f"transfer task {t['id']}")
                      for t in items.tasks]
             scores = score_pairs(_unwrap(model), pairs, batch_size=bs, device=device)
             out += _rows(items.tasks, "task_logprob", [s.logprob / s.n_tokens for s in scores])
@@ -603,7 +710,8 @@ def evaluate_transfer(model, tokenizer, transfer_cfg: Mapping[str, Any], *, devi
                          [recovered(g.text, r["answer"], r["misleading"]) for g, r in zip(gens, items.robustness)])
         if items.heldout:
             bar.set_postfix_str("heldout")
-            nll = heldout_nll(model, tokenizer, items.heldout, format_prompt=fmt, device=device, batch_size=bs)
+            nll = heldout_nll(model, tokenizer, items.heldout, format_prompt=fmt, device=device, batch_size=bs,
+                              chat_template=chat_template)
             out += _rows(items.heldout, "heldout_loss", nll["nats"] / nll["tokens"], nll["tokens"])
             out += _rows(items.heldout, "sft_heldout_bpb", nll["nats"] / math.log(2) / nll["bytes"], nll["bytes"])
             bar.update(len(items.heldout))
