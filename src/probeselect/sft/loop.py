@@ -122,12 +122,21 @@ class TrainResult:
     is_main: bool = True
     device: Any = None
     steps_trained: int = 0  # optimizer steps run by this call (0: a finished run reloaded from its state)
+    model_loader: Callable[[], Any] | None = None  # batched seeds: builds the run's peft model (``model`` is None)
+
+    def get_model(self):
+        """The trained model: ``model``, or (batched seeds) the run's peft model built now."""
+        if self.model is None and self.model_loader is not None:
+            self.model = self.model_loader()
+        return self.model
 
 
-def _build_model(base: Path, recipe: Recipe, seed: int, device):
+def _build_model(base: Path, recipe: Recipe, seed: int, device, loaded=None):
+    """The run's model: the base (``loaded``, a model already read from ``base``, is used in place)
+    with LoRA initialised under the run's init seed, or all weights trainable for full fine-tuning."""
     from ..score import load_model
 
-    model = load_model(Path(base), torch.float32, device)
+    model = loaded if loaded is not None else load_model(Path(base), torch.float32, device)
     model.config.use_cache = False
     if recipe.method.type == "lora":
         from peft import get_peft_model
