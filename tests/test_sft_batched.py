@@ -288,3 +288,31 @@ def test_batched_lora_init_is_the_single_run_init(tiny_ladder, ladder_checkpoint
         assert [n for n, _ in named] == [n for n, _ in ref] and len(scaling) * 2 == len(ref)
         assert all(torch.equal(a, b) for (_, a), (_, b) in zip(named, ref))
     assert not any("lora" in n for n, _ in loaded.named_parameters())  # the loaded base is left as it was
+
+
+def test_fused_diagnostics_equal_the_per_run_ones_bitwise():
+    from probeselect.sft.diagnostics import UpdateNorms, grad_norms, grad_norms_many
+
+    g = torch.Generator().manual_seed(0)
+    runs = []
+    for r in range(3):
+        named = []
+        for name in ("model.layers.0.q.lora_A", "model.layers.0.q.lora_B", "model.layers.1.q.lora_A", "lm_head.x"):
+            p = torch.nn.Parameter(torch.randn(5, 7, generator=g) * (r + 1))
+            p.grad = torch.randn(5, 7, generator=g) * 10 ** r
+            named.append((f"run{r}.{name}", p))
+        runs.append(named)
+    runs[1][2][1].grad = None  # a parameter without a gradient is skipped, as in grad_norms
+    assert grad_norms_many(runs) == [grad_norms(named) for named in runs]  # bitwise, layer groups included
+    assert {k for k in grad_norms_many(runs)[0][1]} == {"layers.0", "layers.1", "run0"}
+
+    params = [p for _, p in runs[0]]
+    upd = UpdateNorms(params)
+    before = [p.detach().clone() for p in params]
+    upd.before()
+    with torch.no_grad():
+        for p in params:
+            p.add_(torch.randn(p.shape, generator=g) * 1e-3)
+    ref = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(
+        torch._foreach_sub([p.detach() for p in params], before), 2.0, dtype=torch.float32)))
+    assert float(upd.after()) == float(ref) > 0  # bitwise the clone-and-subtract norm

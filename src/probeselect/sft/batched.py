@@ -45,7 +45,7 @@ from tqdm.auto import tqdm
 from .._io import atomic_write_json, atomic_write_jsonl
 from ..errors import ManifestMismatchError, NonfiniteGradientError, RecipeError
 from .data import IGNORE, EncodedExample, collate
-from .diagnostics import SpikeDetector, grad_norms, summarize_layer_norms
+from .diagnostics import SpikeDetector, UpdateNorms, grad_norms_many, summarize_layer_norms
 from .loop import (TrainResult, _append_row, _base_forward_nonfinite, _make_accelerator, _now, _read_rows,
                    _summary, _train_seed, init_seed, lr_factor)
 from .manifest import compare_manifests, manifest_hash
@@ -300,6 +300,7 @@ def train_seeds(base: str | Path, recipe: Recipe, seeds: Sequence[int], run_dirs
         hashes = {"train_sha256": recipe.train_sha256, "manifest_sha256": manifest_hash(man),
                   "base_fingerprint": base_fingerprint}
         runs.append(_Run(k, seed, Path(rd), man, named, optimizer, scheduler, hashes, n_steps))
+        runs[-1].update = UpdateNorms(params)
     for path, (A, B, sc) in layers.items():
         _set_module(model, path, BatchedLoRALinear(model.get_submodule(path), A, B, sc, rows_ctx))
     model.train()
@@ -365,7 +366,8 @@ def train_seeds(base: str | Path, recipe: Recipe, seeds: Sequence[int], run_dirs
             continue
         t0 = time.perf_counter()
         infos = [r.manifest["steps"][s] for r in now]
-        before = [[p.detach().clone() for p in r.params] for r in now]
+        for r in now:
+            r.update.before()  # into buffers allocated once: no per-step clone
         lrs = [r.optimizer.param_groups[0]["lr"] for r in now]
         micro = [[info["ids"][i: i + mbs] for i in range(0, len(info["ids"]), mbs)] for info in infos]
         local = torch.zeros(len(now), dtype=torch.float32, device=dev)
@@ -382,12 +384,13 @@ def train_seeds(base: str | Path, recipe: Recipe, seeds: Sequence[int], run_dirs
             local.index_add_(0, idx, nll.detach().float())
         losses = [float(x) / info["sup_tokens"] for x, info in zip(local.tolist(), infos)]
         eval_runs = []
-        for r, info, loss, prev_w, lr in zip(now, infos, losses, before, lrs):
+        norms = grad_norms_many([r.named for r in now])  # every run's norms: one fused kernel, one host sync
+        stepped = []
+        for r, info, loss, (norm, layer_norms), lr in zip(now, infos, losses, norms, lrs):
             n_sup = info["sup_tokens"]
-            norm, layer_norms = grad_norms(r.named)
             layer = summarize_layer_norms(layer_norms)
             nonfinite = not (math.isfinite(norm) and math.isfinite(loss))
-            skipped, clip_coef, clipped, update_norm = False, 1.0, False, 0.0
+            skipped, clip_coef, clipped = False, 1.0, False
             base_broken = (_base_forward_nonfinite(model, base, recipe)
                            if nonfinite and not math.isfinite(loss) and not any(not x.get("skipped") for x in r.rows)
                            else None)
@@ -406,21 +409,19 @@ def train_seeds(base: str | Path, recipe: Recipe, seeds: Sequence[int], run_dirs
                 r.optimizer.step()
                 r.scheduler.step()
                 r.optimizer.zero_grad(set_to_none=True)
-                with torch.no_grad():
-                    diffs = torch._foreach_sub([p.detach() for p in r.params], prev_w)
-                    update_norm = float(torch.linalg.vector_norm(
-                        torch.stack(torch._foreach_norm(diffs, 2.0, dtype=torch.float32))))
-                    del diffs
+                stepped.append(r)
             spike, median = r.spikes.update(loss)
             r.seg_tokens += n_sup
-            row = {"step": s + 1, "segment": r.segment["segment"], "loss": loss, "grad_norm_preclip": norm,
-                   "clip_coef": clip_coef, "clipped": clipped, "nonfinite": nonfinite, "skipped": skipped,
-                   "scaler_retries": 0, "sup_tokens": n_sup, "lr": lr, "update_norm": update_norm,
-                   "layer_grad_norms": layer, "spike": spike, "loss_median_prev": median,
-                   "spike_margin": r.spikes.last_margin}
-            r._row = row
+            r._row = {"step": s + 1, "segment": r.segment["segment"], "loss": loss, "grad_norm_preclip": norm,
+                      "clip_coef": clip_coef, "clipped": clipped, "nonfinite": nonfinite, "skipped": skipped,
+                      "scaler_retries": 0, "sup_tokens": n_sup, "lr": lr, "update_norm": 0.0,
+                      "layer_grad_norms": layer, "spike": spike, "loss_median_prev": median,
+                      "spike_margin": r.spikes.last_margin}
             if recipe.eval_every and heldout and ((s + 1) % recipe.eval_every == 0 or s + 1 == r.n_steps):
                 eval_runs.append(r)
+        if stepped:  # the actual update norms of all stepped runs, one host sync
+            for r, u in zip(stepped, torch.stack([r.update.after() for r in stepped]).tolist()):
+                r._row["update_norm"] = u
         if eval_runs:
             for r, h in zip(eval_runs, _heldout_losses(model, rows_ctx, eval_runs, heldout, pad_id=pad_id,
                                                        device=dev)):
