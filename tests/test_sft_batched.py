@@ -316,3 +316,70 @@ def test_fused_diagnostics_equal_the_per_run_ones_bitwise():
     ref = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(
         torch._foreach_sub([p.detach() for p in params], before), 2.0, dtype=torch.float32)))
     assert float(upd.after()) == float(ref) > 0  # bitwise the clone-and-subtract norm
+
+
+def test_packed_examples_do_not_attend_to_each_other(tiny_ladder, ladder_checkpoints):
+    """Three examples packed into one row give, at every position of every example, the logits of
+    that example run alone. A control run of the same packed row with a plain attention mask (so one
+    example can see the previous ones) must differ: the comparison can fail."""
+    from probeselect.score import load_model
+
+    recipe = small_recipe(tiny_ladder)
+    _, tok, ex, m = _prepared(tiny_ladder, recipe, 0)
+    exs = [ex[i] for i in m["steps"][0]["ids"][:3]]
+    model = load_model(ladder_checkpoints[-1], torch.float32, torch.device("cpu")).eval()
+    batch = batched_mod.pack([exs], tok.pad_token_id)
+    assert batch["position_ids"][0].tolist()[: sum(len(e.input_ids) for e in exs)] == \
+        [i for e in exs for i in range(len(e.input_ids))]
+    with torch.no_grad():
+        # use_cache=False as in training: with a cache transformers does not look for packed sequences
+        packed = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits[0]
+        leaky = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False,
+                      attention_mask=torch.ones_like(batch["input_ids"])).logits[0]
+        start, worst, leak = 0, 0.0, 0.0
+        for e in exs:
+            alone = model(input_ids=torch.tensor([e.input_ids])).logits[0]
+            k = len(e.input_ids)
+            worst = max(worst, float((packed[start: start + k] - alone).abs().max()))
+            leak = max(leak, float((leaky[start: start + k] - alone).abs().max()))
+            start += k
+    assert worst < 1e-4, worst
+    assert leak > 1e-2, leak  # the control sees across examples and differs
+    # the guard run before packed training: true here, false for a model that lets examples see each other
+
+    class Leaky(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, **kw):
+            return self.inner(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **kw)
+
+    assert batched_mod.packing_isolates(model, exs, tok.pad_token_id)
+    assert not batched_mod.packing_isolates(Leaky(model), exs, tok.pad_token_id)
+    # the loss of the packed row is the sum of the examples' own losses (labels[0] of each is IGNORE)
+    groups = [(0, 1)]
+    with torch.no_grad():
+        total = float(batched_mod._rows_nll(model, batch, groups)[0])
+        alone = sum(float(batched_mod._rows_nll(model, collate_one(e, tok.pad_token_id), groups)[0]) for e in exs)
+    assert total == pytest.approx(alone, rel=1e-5)
+
+
+def collate_one(e, pad_id):
+    from probeselect.sft.data import collate
+
+    return collate([e], pad_id)
+
+
+def test_padded_batched_seeds_equal_single_runs(tiny_ladder, tmp_path):
+    """The other layout of batched seeds (packed=False: every example right-padded to the longest of
+    all runs' micro-batches; the default, packed, is covered by the tests above)."""
+    assert batched_mod.PACKED  # the default
+    recipe = small_recipe(tiny_ladder, seeds=SEEDS, budget={"optimizer_steps": 3})
+    single = {s: _single(tiny_ladder, tmp_path / "single", recipe, s) for s in SEEDS}
+    bat = _batched(tiny_ladder, tmp_path / "padded", recipe, packed=False)
+    for s in SEEDS:
+        for x, y in zip(single[s].rows, bat[s].rows):
+            for key in ("loss", "grad_norm_preclip", "clip_coef", "update_norm"):
+                assert _rel(x[key], y[key]) < REL, (s, key, x[key], y[key])
+            assert x["sup_tokens"] == y["sup_tokens"]

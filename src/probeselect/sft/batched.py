@@ -20,9 +20,15 @@ Batching needs: LoRA with ``method.dropout: 0``, no active dropout in the base (
 step, not per run) and one process. Otherwise :class:`NotBatchable` is raised before anything
 is written and the caller runs the seeds one at a time.
 
-Differences from the single-run path are floating-point only: the runs' micro-batches are
-padded to the longest sequence of all runs' micro-batches (right padding, masked) and the
-LoRA matmuls are batched, so losses, norms and weights agree to float32 rounding, not bitwise
+Micro-batches are packed (:data:`PACKED`): each run's examples are concatenated into one row
+with position ids restarting at every example and no attention mask, so transformers attends
+block-diagonally (an example sees only itself; verified on the loaded base before training by
+:func:`packing_isolates`, else the rows are padded). Loss weighting is unchanged (every
+example's first label is IGNORE; the sum of token NLL over the window / its supervised tokens).
+
+Differences from the single-run path are floating-point only: the attention runs over packed
+rows (or rows padded to the longest of all runs' micro-batches) and the LoRA matmuls are
+batched, so losses, norms and weights agree to float32 rounding, not bitwise
 (tests/test_sft_batched.py states the tolerance).
 """
 
@@ -55,6 +61,10 @@ from .state import latest_state, load_state, rng_state, save_state, set_rng_stat
 __all__ = ["NotBatchable", "BatchedLoRALinear", "train_seeds", "not_batchable_reason"]
 
 _PEFT_PREFIX = "base_model.model."
+#: Pack each run's micro-batch into one row (no padding between examples, block-diagonal causal
+#: attention from restarting position ids) instead of right-padding every example to the longest
+#: of all runs' micro-batches. Checked per base (:func:`packing_isolates`); padded otherwise.
+PACKED = True
 
 
 class NotBatchable(Exception):
@@ -212,13 +222,62 @@ class _Run:
 
 def _rows_nll(model, batch: Mapping[str, torch.Tensor], groups: Sequence[tuple[int, int]]) -> torch.Tensor:
     """Per-group sums of next-token NLL (nats) over supervised targets: a tensor ``[len(groups)]``."""
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+    if "position_ids" in batch:  # packed rows: no attention mask; transformers masks per example
+        out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)
+    else:
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
     logits = out.logits[:, :-1].float()
     targets = batch["labels"][:, 1:]
     tok = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE,
                           reduction="none").view(targets.shape)
     per_row = tok.sum(1)
     return torch.stack([s.sum() for s in per_row.split([r for _, r in groups])])
+
+
+def pack(runs_examples: Sequence[Sequence[EncodedExample]], pad_id: int) -> dict[str, torch.Tensor]:
+    """One row per run: its micro-batch's examples concatenated without padding between them.
+    ``position_ids`` restart at 0 at every example, and the model is called without an
+    attention mask, so transformers builds a block-diagonal causal mask from them (an example
+    attends to itself only; ``masking_utils.find_packed_sequence_indices``). Every example's
+    first label is IGNORE, so no position predicts the next example's first token. Rows are
+    right-padded to the longest (pad positions: label IGNORE, their own position run)."""
+    rows = []
+    for exs in runs_examples:
+        ids = [t for e in exs for t in e.input_ids]
+        labels = [t for e in exs for t in e.labels]
+        pos = [i for e in exs for i in range(len(e.input_ids))]
+        rows.append((ids, labels, pos))
+    n = max(len(r[0]) for r in rows)
+    out = {"input_ids": torch.full((len(rows), n), pad_id, dtype=torch.long),
+           "labels": torch.full((len(rows), n), IGNORE, dtype=torch.long),
+           "position_ids": torch.zeros((len(rows), n), dtype=torch.long)}
+    for i, (ids, labels, pos) in enumerate(rows):
+        k = len(ids)
+        out["input_ids"][i, :k] = torch.tensor(ids)
+        out["labels"][i, :k] = torch.tensor(labels)
+        out["position_ids"][i] = torch.tensor(pos + list(range(n - k)))
+    return out
+
+
+@torch.no_grad()
+def packing_isolates(model, exs: Sequence[EncodedExample], pad_id: int, atol: float = 1e-4) -> bool:
+    """Whether ``model`` keeps packed examples apart: the logits of ``exs`` packed into one row
+    equal those of each example run alone. Checked on the loaded base before packed training, since
+    the block-diagonal mask comes from transformers' packed-sequence detection, which an architecture
+    may not implement (then examples would attend to each other and training falls back to padding)."""
+    was = model.training
+    model.eval()
+    dev = next(model.parameters()).device
+    batch = {k: v.to(dev) for k, v in pack([exs], pad_id).items()}
+    packed = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits[0]
+    start, ok = 0, True
+    for e in exs:
+        alone = model(input_ids=torch.tensor([e.input_ids], device=dev), use_cache=False).logits[0]
+        k = len(e.input_ids)
+        ok = ok and bool((packed[start: start + k] - alone).abs().max() <= atol)
+        start += k
+    model.train(was)
+    return ok
 
 
 @torch.no_grad()
@@ -246,7 +305,8 @@ def train_seeds(base: str | Path, recipe: Recipe, seeds: Sequence[int], run_dirs
                 manifests: Sequence[dict[str, Any]], examples: Mapping[str, EncodedExample], pad_id: int,
                 base_fingerprint: str | None = None, heldout: Sequence[EncodedExample] | None = None,
                 device: str = "auto", progress: bool = True, desc: str | None = None,
-                on_step: Callable[[int, int, dict], None] | None = None) -> dict[int, TrainResult | BaseException]:
+                on_step: Callable[[int, int, dict], None] | None = None,
+                packed: bool | None = None) -> dict[int, TrainResult | BaseException]:
     """Train ``base`` under every seed of ``seeds`` at once (run ``k`` into ``run_dirs[k]`` on
     ``manifests[k]``), resuming each from its own state. Returns ``{seed: TrainResult}`` (the
     result's ``model`` is None; ``model_loader()`` builds the run's peft model) or, for a run
@@ -256,6 +316,7 @@ def train_seeds(base: str | Path, recipe: Recipe, seeds: Sequence[int], run_dirs
     from ..score import load_model
     from .lora import lora_config
 
+    packed = PACKED if packed is None else packed
     acc = _make_accelerator(device, {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[recipe.precision])
     why = not_batchable_reason(recipe, acc.num_processes)
     if why is None and acc.scaler is not None:
@@ -270,6 +331,12 @@ def train_seeds(base: str | Path, recipe: Recipe, seeds: Sequence[int], run_dirs
     if why:
         raise NotBatchable(why)
     lora_config(model, recipe.method, source=recipe.source, base=base)  # target names checked (RecipeError)
+    if packed:  # before LoRA is attached: the base alone decides whether packing isolates examples
+        first = manifests[0]["steps"][0]["ids"][:3] if manifests and manifests[0]["steps"] else []
+        if len(first) > 1 and not packing_isolates(model, [examples[i] for i in first], pad_id):
+            warnings.warn(f"{base}: this architecture does not keep packed examples apart (transformers builds no "
+                          "block-diagonal mask from position ids for it); training with padded micro-batches.")
+            packed = False
     for p in model.parameters():
         p.requires_grad_(False)
     opt_cfg = recipe.optimizer
@@ -373,8 +440,13 @@ def train_seeds(base: str | Path, recipe: Recipe, seeds: Sequence[int], run_dirs
         local = torch.zeros(len(now), dtype=torch.float32, device=dev)
         for j in range(max(len(m) for m in micro)):
             part = [(r, m[j]) for r, m in zip(now, micro) if j < len(m)]
-            groups = [(r.k, len(ids)) for r, ids in part]
-            batch = {k: v.to(dev) for k, v in collate([examples[i] for _, ids in part for i in ids], pad_id).items()}
+            if packed:
+                groups = [(r.k, 1) for r, _ in part]
+                batch = {k: v.to(dev) for k, v in pack([[examples[i] for i in ids] for _, ids in part], pad_id).items()}
+            else:
+                groups = [(r.k, len(ids)) for r, ids in part]
+                batch = {k: v.to(dev) for k, v in collate([examples[i] for _, ids in part for i in ids],
+                                                          pad_id).items()}
             rows_ctx.groups, rows_ctx.single = groups, None
             with acc.autocast():
                 nll = rows_nll(model, batch, groups)
