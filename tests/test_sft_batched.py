@@ -124,6 +124,7 @@ def test_batched_seeds_equal_single_runs_with_per_run_clipping(tiny_ladder, tmp_
         assert torch.equal(ra["torch"], rb["torch"])
         seg = json.loads((bd / "lineage.json").read_text())["segments"]
         assert seg[0]["batched_seeds"] == SEEDS and seg[0]["status"] == "complete"
+        assert seg[0]["packed"] is True  # the default layout was used (not the padded fallback)
     print("max relative difference batched vs single:", worst)
 
 

@@ -412,7 +412,7 @@ def train_seeds(base: str | Path, recipe: Recipe, seeds: Sequence[int], run_dirs
         run.segment = {"segment": seg_id, "start_step": run.cursor, "end_step": run.cursor, "parent_state": parent,
                        "discarded_log_rows": discarded, "status": "running", "world_size": 1, "started_utc": _now(),
                        "ended_utc": None, "recipe_sha256": recipe.sha256, **run.hashes,
-                       "batched_seeds": [int(s) for s in seeds]}
+                       "batched_seeds": [int(s) for s in seeds], "packed": bool(packed)}
         run.lineage.append(run.segment)
         run.write_lineage()
         run.spikes = SpikeDetector(recipe.spike_window, recipe.spike_threshold, recipe.spike_min_history,
