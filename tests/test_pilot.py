@@ -27,6 +27,9 @@ def test_layout_tables_and_matching(pilot):
     res, recipe, bases, out = pilot
     names = [b.name for b in bases]
     assert sorted(res.trained) == sorted((n, s) for n in names for s in (0, 1)) and res.reused == []
+    # LoRA default: the two seeds of each base trained together (batch_seeds), recorded per base and segment
+    assert res.manifest["batch_seeds"]["bases"] == {n: {"seeds": [0, 1], "batched": True} for n in names}
+    assert json.loads((out / names[0] / "seed1" / "lineage.json").read_text())["segments"][0]["batched_seeds"] == [0, 1]
     for f in ("manifest.json", "data_manifest-seed0.json", "data_manifest-seed1.json", "transfer.csv",
               "transfer_items.parquet", "diagnostics.csv"):
         assert (out / f).is_file(), f

@@ -59,6 +59,7 @@ from .errors import (CheckpointError, ManifestMismatchError, ResumeError, Select
 from .manifest import base_manifest
 from .sft.check_data import check_recipe_data
 from .sft.data import data_hash, encode_rows, load_rows, prompt_formatter
+from .sft.batched import NotBatchable, not_batchable_reason, train_seeds
 from .sft.loop import train
 from .sft.manifest import build_data_manifest, compare_manifests, manifest_hash, require_same_manifest
 from .sft.recipe import Recipe, load_recipe
@@ -434,47 +435,94 @@ def _pilot_body(out, bases, recipe, ckpts, examples, by_id, heldout, leakage, tr
     fmt = prompt_formatter(tokenizer, recipe.chat_template)
     pairs = [(c, s) for c in ckpts for s in recipe.seeds]
     trained, reused, reevaluated = [], [], []
+    batching: dict[str, Any] = {"bases": {}}  # which seeds of each base were trained together (and why not)
+    if recipe.batch_seeds_effective:  # batch_seeds: false / full fine-tuning: manifest.json as before
+        manifest["batch_seeds"] = batching
     outer = tqdm(pairs, desc="pilot", unit="run", disable=not (progress and is_main))
-    for ckpt, seed in outer:
-        outer.set_postfix_str(f"{ckpt.name} seed{seed}")
+
+    def expect_of(ckpt, seed):
+        return {"train_sha256": recipe.train_sha256, "manifest_sha256": m_hashes[seed],
+                "base_fingerprint": ckpt.fingerprint}
+
+    def is_done(ckpt, seed) -> bool:
         run_dir = out / ckpt.name / f"seed{seed}"
-        expect = {"train_sha256": recipe.train_sha256, "manifest_sha256": m_hashes[seed],
-                  "base_fingerprint": ckpt.fingerprint}
         done = _read_done(run_dir / "done.json")
-        if (done is not None and all(done.get(k) == v for k, v in expect.items())
+        return (done is not None and all(done.get(k) == v for k, v in expect_of(ckpt, seed).items())
                 and done.get("transfer_sha256") == t_hash and (run_dir / "transfer_items.parquet").is_file()
-                and (not merged or _saved_outputs(run_dir, method=recipe.method.type, merged=True))):
-            reused.append((ckpt.name, seed))
-            continue
-        _check_pair_consistent(run_dir, expect)
-        # Trains, resumes, or (training already complete) reloads the final state without training.
-        cb = (lambda step, row, _n=ckpt.name, _s=seed: on_step(_n, _s, step, row)) if on_step else None
-        res = train(ckpt.path, recipe, seed, run_dir, manifest=manifests[seed], examples=by_id, pad_id=pad_id,
-                    base_fingerprint=ckpt.fingerprint, heldout=heldout, device=device, progress=progress,
-                    desc=f"{ckpt.name} seed{seed}", on_step=cb)
+                and (not merged or _saved_outputs(run_dir, method=recipe.method.type, merged=True)) is not None)
+
+    def finish(ckpt, seed, res) -> None:
+        """Transfer evaluation, saved model and done.json of one trained (or reloaded) pair."""
+        run_dir = out / ckpt.name / f"seed{seed}"
         if res.is_main:
+            model = res.get_model()
             items = pd.DataFrame(columns=["item_id", "kind", "metric", "value", "weight"])
             if recipe.transfer:
                 # a chat template renders its own special tokens: encode like the SFT encoder (no BOS added)
-                items = evaluate_transfer(res.model, tokenizer, recipe.transfer, device=res.device, progress=progress,
+                items = evaluate_transfer(model, tokenizer, recipe.transfer, device=res.device, progress=progress,
                                           format_prompt=fmt, source=recipe.source, add_special_tokens=fmt is None,
                                           desc=f"{ckpt.name} seed{seed}", chat_template=recipe.chat_template)
             atomic_write_parquet(run_dir / "transfer_items.parquet", items)
             saved = None if res.steps_trained else _saved_outputs(run_dir, method=recipe.method.type, merged=merged)
             if saved is None:  # newly trained, or the saved model is missing: (re)write it
-                saved = _save_model(res.model, tokenizer, run_dir, method=recipe.method.type, merged=merged)
+                saved = _save_model(model, tokenizer, run_dir, method=recipe.method.type, merged=merged)
             summ = summarize_transfer(items) if len(items) else pd.DataFrame(columns=["metric", "value", "n"])
             trained_with = next((seg.get("recipe_sha256") for seg in reversed(res.lineage)
                                  if seg.get("end_step", 0) > seg.get("start_step", 0)), None)
-            done = {**expect, **res.summary, "recipe_sha256": recipe.sha256, "trained_recipe_sha256": trained_with,
-                    "transfer_sha256": t_hash, "base": ckpt.name, "base_path": str(ckpt.path), "seed": seed,
-                    "saved": saved, "lineage_segments": len(res.lineage),
+            done = {**expect_of(ckpt, seed), **res.summary, "recipe_sha256": recipe.sha256,
+                    "trained_recipe_sha256": trained_with, "transfer_sha256": t_hash, "base": ckpt.name,
+                    "base_path": str(ckpt.path), "seed": seed, "saved": saved, "lineage_segments": len(res.lineage),
                     "transfer": {r.metric: r.value for r in summ.itertuples()}}
             atomic_write_json(run_dir / "done.json", done)
         (trained if res.steps_trained else reevaluated).append((ckpt.name, seed))
-        del res
-        gc.collect()
-        _barrier()
+
+    for ckpt in ckpts:
+        todo = []
+        for seed in recipe.seeds:
+            if is_done(ckpt, seed):
+                reused.append((ckpt.name, seed))
+                outer.update(1)
+            else:
+                _check_pair_consistent(out / ckpt.name / f"seed{seed}", expect_of(ckpt, seed))
+                todo.append(seed)
+        results: dict[int, Any] = {}
+        why = ("one seed to train" if len(todo) < 2 else
+               not_batchable_reason(recipe, int(os.environ.get("WORLD_SIZE", "1"))))
+        if todo and why is None:
+            cb = (lambda seed, step, row, _n=ckpt.name: on_step(_n, seed, step, row)) if on_step else None
+            outer.set_postfix_str(f"{ckpt.name} seeds {todo}")
+            try:
+                results = train_seeds(ckpt.path, recipe, todo, [out / ckpt.name / f"seed{s}" for s in todo],
+                                      manifests=[manifests[s] for s in todo], examples=by_id, pad_id=pad_id,
+                                      base_fingerprint=ckpt.fingerprint, heldout=heldout, device=device,
+                                      progress=progress, desc=f"{ckpt.name} seeds {todo}", on_step=cb)
+            except NotBatchable as exc:
+                why = str(exc)
+        if todo:
+            batching["bases"][ckpt.name] = {"seeds": todo, "batched": why is None, **({"why_not": why} if why else {})}
+        first_error = None
+        for seed in todo:
+            outer.set_postfix_str(f"{ckpt.name} seed{seed}")
+            if seed in results:
+                res = results.pop(seed)
+                if isinstance(res, BaseException):
+                    first_error = first_error or res
+                    outer.update(1)
+                    continue
+            else:
+                # Trains, resumes, or (training already complete) reloads the final state without training.
+                cb = (lambda step, row, _n=ckpt.name, _s=seed: on_step(_n, _s, step, row)) if on_step else None
+                res = train(ckpt.path, recipe, seed, out / ckpt.name / f"seed{seed}", manifest=manifests[seed],
+                            examples=by_id, pad_id=pad_id, base_fingerprint=ckpt.fingerprint, heldout=heldout,
+                            device=device, progress=progress, desc=f"{ckpt.name} seed{seed}", on_step=cb)
+            finish(ckpt, seed, res)
+            outer.update(1)
+            del res
+            gc.collect()
+            _barrier()
+        if first_error is not None:  # the other seeds of this base are finished and recorded
+            raise first_error
+    outer.close()
 
     if is_main and transfer_cfg is not None:
         _evaluate_bases(ckpts, tokenizer, recipe, out, t_hash, fmt, device)

@@ -12,7 +12,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
-__all__ = ["layer_key", "grad_norms", "layer_grad_norms", "summarize_layer_norms", "SpikeDetector",
+__all__ = ["layer_key", "grad_norms", "grad_norms_many", "UpdateNorms", "layer_grad_norms", "summarize_layer_norms", "SpikeDetector",
            "summarize_train_log"]
 
 _LAYER = re.compile(r"(?:^|\.)(layers|h|blocks|layer)\.(\d+)\.")
@@ -51,6 +51,63 @@ def grad_norms(named_params: Iterable[tuple[str, torch.Tensor]]) -> tuple[float,
     per_layer = torch.zeros(len(groups), device=dev, dtype=torch.float32).index_add_(0, idx, sq)
     vals = torch.cat([per_layer, sq.sum().reshape(1)]).sqrt().tolist()  # the one host sync
     return vals[-1], dict(zip(groups, vals[:-1]))
+
+
+def grad_norms_many(runs: Sequence[Sequence[tuple[str, torch.Tensor]]]) -> list[tuple[float, dict[str, float]]]:
+    """:func:`grad_norms` of several runs' parameters at once (batched seeds): one
+    ``torch._foreach_norm`` over every run's gradients, one ``index_add_`` and a single host
+    transfer for all runs. Each run's values equal :func:`grad_norms` of that run alone."""
+    keys: list[list[str]] = []
+    grads: list[torch.Tensor] = []
+    for named in runs:
+        ks = []
+        for name, p in named:
+            if p.grad is not None:
+                ks.append(layer_key(name))
+                grads.append(p.grad.detach())
+        keys.append(ks)
+    if not grads or len({g.device for g in grads}) > 1:
+        return [grad_norms(named) for named in runs]
+    dev = grads[0].device
+    sq = torch.stack(torch._foreach_norm(grads, 2.0, dtype=torch.float32)).square()
+    groups: list[list[str]] = []  # per run: its layer groups, each one slot of per_layer
+    idx: list[int] = []
+    offset = 0
+    for ks in keys:
+        where = {k: offset + i for i, k in enumerate(dict.fromkeys(ks))}
+        groups.append(list(where))
+        idx += [where[k] for k in ks]
+        offset += len(where)
+    n_slots = offset
+    per_layer = torch.zeros(n_slots, device=dev, dtype=torch.float32).index_add_(0, torch.tensor(idx, device=dev), sq)
+    totals = [c.sum().reshape(1) for c in sq.split([len(ks) for ks in keys])]  # as grad_norms: sq.sum() per run
+    vals = torch.cat([per_layer, *totals]).sqrt().tolist()  # the one host sync
+    out, offset = [], 0
+    for r, gs in enumerate(groups):
+        out.append((vals[n_slots + r] if keys[r] else 0.0, {g: vals[offset + i] for i, g in enumerate(gs)}))
+        offset += len(gs)
+    return out
+
+
+class UpdateNorms:
+    """``‖Δθ‖`` of the actual update without a per-step clone: the parameters are copied into
+    buffers allocated once (``torch._foreach_copy_``) before the step, and after it the buffers
+    become ``before - after`` in place (``torch._foreach_sub_``; exactly ``-(after - before)``
+    in IEEE arithmetic, so the norm equals the clone-and-subtract one bitwise)."""
+
+    def __init__(self, params: Sequence[torch.Tensor]):
+        self.params = [p.detach() for p in params]
+        self.buf = [torch.empty_like(p) for p in self.params]
+
+    def before(self) -> None:
+        with torch.no_grad():
+            torch._foreach_copy_(self.buf, self.params)
+
+    def after(self) -> torch.Tensor:
+        """The update norm as a 0-d float32 tensor (no host sync)."""
+        with torch.no_grad():
+            torch._foreach_sub_(self.buf, self.params)
+            return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(self.buf, 2.0, dtype=torch.float32)))
 
 
 def layer_grad_norms(named_params: Iterable[tuple[str, torch.Tensor]]) -> dict[str, float]:

@@ -49,7 +49,7 @@ from tqdm.auto import tqdm
 from .._io import atomic_write_json, atomic_write_jsonl
 from ..errors import ManifestMismatchError, NonfiniteGradientError, RecipeError
 from .data import IGNORE, EncodedExample, collate
-from .diagnostics import SpikeDetector, grad_norms, summarize_layer_norms, summarize_train_log
+from .diagnostics import SpikeDetector, UpdateNorms, grad_norms, summarize_layer_norms, summarize_train_log
 from .manifest import compare_manifests, manifest_hash
 from .recipe import Recipe
 from .state import latest_state, load_state, rng_state, save_state, set_rng_state
@@ -122,12 +122,21 @@ class TrainResult:
     is_main: bool = True
     device: Any = None
     steps_trained: int = 0  # optimizer steps run by this call (0: a finished run reloaded from its state)
+    model_loader: Callable[[], Any] | None = None  # batched seeds: builds the run's peft model (``model`` is None)
+
+    def get_model(self):
+        """The trained model: ``model``, or (batched seeds) the run's peft model built now."""
+        if self.model is None and self.model_loader is not None:
+            self.model = self.model_loader()
+        return self.model
 
 
-def _build_model(base: Path, recipe: Recipe, seed: int, device):
+def _build_model(base: Path, recipe: Recipe, seed: int, device, loaded=None):
+    """The run's model: the base (``loaded``, a model already read from ``base``, is used in place)
+    with LoRA initialised under the run's init seed, or all weights trainable for full fine-tuning."""
     from ..score import load_model
 
-    model = load_model(Path(base), torch.float32, device)
+    model = loaded if loaded is not None else load_model(Path(base), torch.float32, device)
     model.config.use_cache = False
     if recipe.method.type == "lora":
         from peft import get_peft_model
@@ -246,6 +255,7 @@ def train(base: str | Path, recipe: Recipe, seed: int, run_dir: str | Path, *, m
     raw_model = acc.unwrap_model(model)
     scaler = acc.scaler  # fp16 on an accelerator only; bf16 and fp32 need none
     inner_opt = getattr(optimizer, "optimizer", optimizer)
+    updates = UpdateNorms(params)  # buffers for the update norm, allocated once (no per-step clone)
 
     log_path, lineage_path, state_dir = run_dir / "train_log.jsonl", run_dir / "lineage.json", run_dir / "state"
     lineage = json.loads(lineage_path.read_text(encoding="utf-8"))["segments"] if lineage_path.is_file() else []
@@ -327,7 +337,7 @@ def train(base: str | Path, recipe: Recipe, seed: int, run_dir: str | Path, *, m
         ids, n_sup = step_info["ids"], step_info["sup_tokens"]
         pre_rng = rng_state()  # the pre-step state: restored for a loss-scale retry and a fail-fast state
         pre_scaler = None  # the scaler's state before this step's first retry (if any)
-        before = [p.detach().clone() for p in params]
+        updates.before()
         lr = optimizer.param_groups[0]["lr"]
         retries = 0
         while True:
@@ -397,12 +407,7 @@ def train(base: str | Path, recipe: Recipe, seed: int, run_dir: str | Path, *, m
             optimizer.step()  # with a scaler: scaler.step (gradients already unscaled) + scaler.update
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            with torch.no_grad():
-                diffs = torch._foreach_sub([p.detach() for p in params], before)
-                update_norm = float(torch.linalg.vector_norm(
-                    torch.stack(torch._foreach_norm(diffs, 2.0, dtype=torch.float32))))
-                del diffs
-        del before
+            update_norm = float(updates.after())
         spike, median = spikes.update(loss)
         seconds += time.perf_counter() - t0
         seg_tokens += n_sup

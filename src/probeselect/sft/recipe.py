@@ -61,6 +61,7 @@ _SECTIONS = {
     "checkpointing": {"every", "keep"},
     "precision": None,
     "transfer": None,  # validated by probeselect.transfer
+    "batch_seeds": None,  # execution strategy, not part of the recipe hash (see Recipe.batch_seeds)
 }
 
 
@@ -142,6 +143,15 @@ class Recipe:
     precision: str
     transfer: dict[str, Any] = field(default_factory=dict)
     source: str = "<recipe>"
+    # Train the seeds of one LoRA base together (probeselect.sft.batched); None = the default (True for
+    # LoRA). An execution strategy like the device: kept out of ``raw`` and of both hashes, so a recipe
+    # file without the key (recipes/pilot.yaml) hashes as before and states resume across the two paths.
+    batch_seeds: bool | None = None
+
+    @property
+    def batch_seeds_effective(self) -> bool:
+        """Whether LoRA seeds of one base are batched (the recipe key, default True for LoRA; never for full)."""
+        return self.method.type == "lora" and self.batch_seeds is not False
 
     @property
     def train_sha256(self) -> str:
@@ -231,6 +241,11 @@ def recipe_from_dict(given: Any, *, source: str = "<recipe>", check_files: bool 
     for sec, allowed in _SECTIONS.items():
         if allowed is not None and sec in given:
             _check_keys(src, sec, given[sec], allowed)
+    given = dict(given)
+    batch_seeds = given.pop("batch_seeds", None)
+    if batch_seeds is not None and not isinstance(batch_seeds, bool):
+        raise _err(src, "batch_seeds", f"expected true, false or null (the default: true for LoRA), got "
+                                       f"{batch_seeds!r}.")
     raw = _merge(_DEFAULTS, given)
     if raw["method"].get("type", "lora") == "lora":
         raw["method"] = _merge(_LORA_DEFAULTS, raw["method"])
@@ -348,6 +363,7 @@ def recipe_from_dict(given: Any, *, source: str = "<recipe>", check_files: bool 
         precision=_choice(src, "precision", raw["precision"], ("fp32", "bf16", "fp16")),
         transfer=transfer,
         source=src,
+        batch_seeds=batch_seeds,
     )
     # Files last: every typo in the recipe is reported before a missing data file.
     if check_files and not train_path.exists():
