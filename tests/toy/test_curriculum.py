@@ -249,3 +249,53 @@ def test_negative_control_damage_never_touches_a_probe_operand():
             assert all(max(a, b) <= PROBE_MAX_OPERAND for a, _, b in triples), (spec.family, it.prompt)
             assert not triples & damaged
     assert {"arith_pattern", "arith_plain"} <= arith_families       # the check saw the arithmetic probes
+
+
+@pytest.mark.slow
+def test_small_late_harm_ladder_loss_improves_while_the_pattern_margin_falls(tmp_path):
+    """Issue 23: a small late-harm ladder (the built-in curriculum scaled to 800 steps: clean to
+    step 480, the harmful window after it) whose latest checkpoint has LOWER held-out bits per byte
+    than the last checkpoint before the harm but a LOWER arith_pattern conflict margin: loss
+    prefers the latest, the probe does not. About 2-3 minutes on 2 cores."""
+    import dataclasses
+
+    from probeselect.probes import load_spec
+    from probeselect.score import score_checkpoints
+    from probeselect.toy.ladder import build_toy_ladder
+
+    lad = tmp_path / "ladder"
+    build_toy_ladder(lad, seed=0, steps=800, save_every=160, progress=False, curriculum="late-harm")
+    cur = load_curriculum("late-harm", 800)
+    clean_end = cur.windows[-1].start_step
+    assert clean_end == 480
+    spec = dataclasses.replace(load_spec(ROOT / "probes" / "arith_pattern.yaml"), n_items=24)
+    ck = [f"checkpoint-{clean_end}", "checkpoint-800"]
+    from probeselect.checkpoints import discover_checkpoints
+
+    res = score_checkpoints([c for c in discover_checkpoints(lad) if c.name in ck], [spec], seeds=[0, 1],
+                            out=tmp_path / "score", heldout=lad / "data" / "heldout.txt", audit_items=0,
+                            device="cpu", progress=False)
+    summ = __import__("pandas").read_csv(tmp_path / "score" / "summary.csv")
+    bpb = summ[summ["family"] == "heldout_nll"].groupby("checkpoint")["bits_per_byte"].mean()
+    margin = summ[summ["family"] == "arith_pattern"].groupby("checkpoint")["mean_margin"].mean()
+    assert res is not None
+    assert bpb[ck[1]] < bpb[ck[0]], bpb.to_dict()            # loss prefers the latest
+    assert margin[ck[1]] < margin[ck[0]] - 0.5, margin.to_dict()   # the pattern-conflict margin fell
+
+
+def test_demo_late_is_the_demo_on_the_late_harm_ladder():
+    """recipes/demo-late.yaml (make demo-late) differs from recipes/demo.yaml only in its output
+    folder, the ladder's curriculum and the plan; the plan ranks every conflict family the demo scores."""
+    from probeselect.plan import load_selection_plan
+
+    demo = load_yaml(ROOT / "recipes" / "demo.yaml")
+    late = load_yaml(ROOT / "recipes" / "demo-late.yaml")
+    assert late["ladder"] == {"toy": {"seed": 0, "curriculum": "late-harm"}}
+    assert late["plan"] == "recipes/selection-late-harm.yaml" and late["out"] == "results/demo-late"
+    assert {k: v for k, v in late.items() if k not in ("ladder", "plan", "out")} == \
+           {k: v for k, v in demo.items() if k not in ("ladder", "plan", "out")}
+    plan = load_selection_plan(ROOT / late["plan"])
+    default = load_selection_plan(ROOT / demo["plan"])
+    conflict = {"arith_pattern", "tmpl_repeated", "tmpl_flipped", "tmpl_mismatch", "persona_qa"}
+    assert {p.family for p in plan.shortlist.proxies} == conflict
+    assert plan.selection == default.selection and plan.shortlist.k == default.shortlist.k
