@@ -949,7 +949,33 @@ def validate_curricula(curricula: list[str], seeds: list[int], out: Path, *, log
         log(f"== curriculum {c} -> {out / name}")
         totals[name] = validate(seeds, out / name, log=log, curriculum=c, **kw)
         sels[name] = pd.read_csv(out / name / "selectors.csv")
+    res = write_pooled(sels, totals, out)
+    return {**res, "curricula": list(curricula), "seeds": seeds}
+
+
+def pool_validations(dirs: list[Path], out: Path) -> dict:
+    """The per-curriculum and pooled tables of finished validations (each DIR holds a
+    ``validate`` output: selectors.csv, validity.json), e.g. runs made with different
+    ``--config`` (the planted ladder under recipes/demo.yaml, the late-harm ladder under
+    recipes/demo-late.yaml). Each is named by its folder."""
+    sels, totals = {}, {}
+    for d in dirs:
+        d = Path(d)
+        for f in ("selectors.csv", "validity.json"):
+            if not (d / f).is_file():
+                raise SystemExit(f"--pool {d}: no {f}; give the OUT folder of a finished validation.")
+        sels[d.name] = pd.read_csv(d / "selectors.csv")
+        totals[d.name] = json.loads((d / "validity.json").read_text(encoding="utf-8"))
+    if len(sels) != len(dirs):
+        raise SystemExit(f"--pool: two folders share a name ({[Path(d).name for d in dirs]}); rename one.")
+    return write_pooled(sels, totals, Path(out))
+
+
+def write_pooled(sels: dict[str, pd.DataFrame], totals: dict[str, dict], out: Path) -> dict:
+    """Write the per-curriculum and pooled selector tables of ``sels`` (name -> selectors.csv)."""
+    names = list(sels)
     by, pooled = pooled_tables(sels)
+    out.mkdir(parents=True, exist_ok=True)
     atomic_write_csv(out / "selector_summary_by_curriculum.csv", by)
     atomic_write_csv(out / "selector_summary_pooled.csv", pooled)
     atomic_write_csv(out / "selectors_pooled.csv",
@@ -958,16 +984,16 @@ def validate_curricula(curricula: list[str], seeds: list[int], out: Path, *, log
     md = []
     for name in names:
         t = totals[name]
-        md.append(f"## {name} (seeds {' '.join(map(str, seeds))})\n\n" + _markdown(by[by["curriculum"] == name]
+        md.append(f"## {name} (seeds {' '.join(map(str, t.get('seeds', [])))})\n\n" + _markdown(by[by["curriculum"] == name]
                                                                               .drop(columns="curriculum"))
                   + f"\n\nmean tau probes {t['mean_tau_probes']:.2f}, step {t['mean_tau_step']:.2f}, "
                     f"-bpb {t['mean_tau_neg_bpb']:.2f}; false clear winners on ties {t['false_clear_winners']}/"
                     f"{t['ties_counted']}\n")
     md.append(f"## pooled over {', '.join(names)}\n\n" + _markdown(pooled) + "\n")
     atomic_write_text(out / "curricula.md", "\n".join(md))
-    res = {"curricula": list(curricula), "folders": names, "seeds": seeds, "tau": taus,
+    res = {"folders": names, "seeds_by_folder": {n: totals[n].get("seeds") for n in names}, "tau": taus,
            "pooled": pooled.to_dict("records"),
-           "seconds": round(sum(t["seconds"] for t in totals.values()), 1)}
+           "seconds": round(sum(t.get("seconds", 0) for t in totals.values()), 1)}
     atomic_write_json(out / "curricula.json", res)
     return res
 
@@ -998,6 +1024,9 @@ def main(argv: list[str] | None = None) -> int:
                          "a pooled table (OUT/curricula.md). Default: the config's own (planted) into OUT/")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes (default 1 = in this process; "
                     "on N cores use N: every stage runs single-threaded, the seeds' stages are scheduled across the workers)")
+    ap.add_argument("--pool", type=Path, nargs="+", default=None, metavar="DIR",
+                    help="no run: write the per-curriculum and pooled tables of finished validations (their OUT "
+                         "folders, e.g. made with different --config) into --out")
     ap.add_argument("--budget-estimate", action="store_true", help="print the estimated CPU time and wall time and exit")
     a = ap.parse_args(argv)
     if a.truth_seeds < 1:
@@ -1009,6 +1038,11 @@ def main(argv: list[str] | None = None) -> int:
     if set(a.seeds) & set(DEV_SEEDS):
         print(f"note: seeds {sorted(set(a.seeds) & set(DEV_SEEDS))} were used in development; not a held-out test",
               file=sys.stderr)
+    if a.pool:
+        res = pool_validations(a.pool, a.out)
+        print((a.out / "curricula.md").read_text(encoding="utf-8"))
+        print(json.dumps({k: v for k, v in res.items() if k != "pooled"}))
+        return 0
     kw = dict(config=a.config, truth_seeds=a.truth_seeds, tiny=a.tiny, jobs=a.jobs,
               truth_seed_start=a.truth_seed_start, twin_noise=a.twin_noise)
     if a.curriculum:

@@ -330,7 +330,7 @@ def test_curriculum_reaches_the_pipeline_config_and_names_its_folder():
     assert mod.curriculum_dirname("recipes/ladder-late-harm.yaml") == "ladder-late-harm"
 
 
-def test_pooled_tables_one_per_curriculum_and_pooled():
+def test_pooled_tables_one_per_curriculum_and_pooled(tmp_path):
     mod = _module()
 
     def sel(regrets: dict, seeds):
@@ -355,6 +355,24 @@ def test_pooled_tables_one_per_curriculum_and_pooled():
     assert p.loc["pipeline", "regret_mean"] == pytest.approx((0 + 0 + 0.2 * 3) / 5)
     assert p.loc["latest", "regret_mean"] == pytest.approx(0.2 / 5)
     assert p.loc["latest", "equiv_agree"] == 3 and p.loc["latest", "regret_max"] == pytest.approx(0.1)
+    # --pool: the same tables from finished validation folders (e.g. made with different --config)
+    dirs = []
+    for name, frame, seeds in (("planted", a, [0, 1]), ("late-harm", b, [0, 1, 2])):
+        d = tmp_path / name
+        d.mkdir()
+        frame.to_csv(d / "selectors.csv", index=False)
+        (d / "validity.json").write_text(json.dumps({"seeds": seeds, "mean_tau_probes": 0.5, "mean_tau_step": 0.1,
+                                                     "mean_tau_neg_bpb": 0.2, "false_clear_winners": 0,
+                                                     "ties_counted": 2, "seconds": 1.0}))
+        dirs.append(d)
+    res = mod.pool_validations(dirs, tmp_path / "pooled")
+    assert res["folders"] == ["planted", "late-harm"]
+    pooled2 = pd.read_csv(tmp_path / "pooled" / "selector_summary_pooled.csv").set_index("selector")
+    assert pooled2.loc["pipeline", "regret_mean"] == pytest.approx(p.loc["pipeline", "regret_mean"])
+    md = (tmp_path / "pooled" / "curricula.md").read_text()
+    assert "## planted (seeds 0 1)" in md and "## late-harm (seeds 0 1 2)" in md and "## pooled over planted, late-harm" in md
+    with pytest.raises(SystemExit, match="no selectors.csv"):
+        mod.pool_validations([tmp_path / "nope"], tmp_path / "p2")
 
 
 @pytest.mark.slow
