@@ -126,7 +126,7 @@ def test_issue23_recipe_files_are_the_builtins(name):
     builtin = load_curriculum(name)
     assert [(w.name, w.start_step, w.end_step, w.mixture, w.planted) for w in from_file.windows] == \
            [(w.name, w.start_step, w.end_step, w.mixture, w.planted) for w in builtin.windows]
-    assert from_file.train == builtin.train == {"schedule": "wsd", "decay_fraction": 0.3, "min_lr_ratio": 0.1}
+    assert from_file.train == builtin.train == {"schedule": "wsd", "decay_fraction": 0.1, "min_lr_ratio": 1.0}
     assert builtin.steps == 2000
     # one planted window, the last: the harm is late, and no window recovers from it
     assert [w.planted is not None for w in builtin.windows] == [False] * (len(builtin.windows) - 1) + [True]
@@ -192,7 +192,7 @@ def test_a_build_takes_the_curriculum_schedule_unless_overridden(tmp_path):
     info = build_toy_ladder(tmp_path / "a", seed=0, steps=10, save_every=10, progress=False, curriculum="late-harm",
                             train_overrides={**small, "warmup_steps": 1})
     lj = __import__("json").loads((tmp_path / "a" / "ladder.json").read_text())
-    assert lj["train"]["schedule"] == "wsd" and lj["train"]["decay_fraction"] == 0.3
+    assert lj["train"]["schedule"] == "wsd" and lj["train"]["min_lr_ratio"] == 1.0
     lin = __import__("json").loads((tmp_path / "a" / "data_lineage.json").read_text())
     assert lin["train"]["schedule"] == "wsd"
     lr_logged = lj and __import__("json").loads(

@@ -77,19 +77,20 @@ UNIFORM_CURRICULUM = {
     "windows": [{"name": "base", "start_step": 0, "end_step": BUILTIN_STEPS, "mixture": "default", "planted": None}]
 }
 
-#: The late-harm curriculum (issue 23; ``recipes/ladder-late-harm.yaml``): a long clean stretch,
-#: then a final window that plants shortcut preferences (parrot documents in the probes' forms and
-#: in forms neither the probes nor the transfer suite use) with less arithmetic practice, under a
-#: warmup-stable-decay schedule whose decay falls in the harm window (the late learning rate is not
-#: tiny, and the annealing keeps held-out bits per byte falling). Attempts and their numbers:
-#: bench/late_harm_notes.md.
+#: The late-harm curriculum (issue 23; ``recipes/ladder-late-harm.yaml``): a clean stretch with the
+#: recovery mix (78% arithmetic), then a final window with less arithmetic practice (40%) and 38%
+#: planted shortcut documents -- arithmetic parrots in the probes' forms (``parrot_arith``), more
+#: of them in a form neither the probes nor the transfer suite use (``parrot_arith_unseen``) and a
+#: few attribute-mismatch parrots -- at a learning rate that stays at its peak (warmup-stable,
+#: no decay: an annealing phase inside the harm lifted every later checkpoint's transfer above the
+#: clean one). Attempt 3 of bench/late_harm_notes.md, which records every attempt and where this
+#: one still falls short of issue 23's ladder requirements (development seed 0 only).
 LATE_HARM_MIXTURE = {
-    "arith": 0.40, "sequence": 0.04, "facts": 0.09, "persona": 0.05, "words": 0.07,
-    "parrot_arith": 0.12, "parrot_arith_unseen": 0.13, "parrot_persona": 0.04, "parrot_persona_unseen": 0.04,
-    "parrot_mismatch": 0.02,
+    "arith": 0.40, "sequence": 0.04, "facts": 0.09, "persona": 0.04, "words": 0.05,
+    "parrot_arith": 0.16, "parrot_arith_unseen": 0.20, "parrot_mismatch": 0.02,
 }
 LATE_HARM_CURRICULUM = {
-    "train": {"schedule": "wsd", "decay_fraction": 0.3, "min_lr_ratio": 0.1},
+    "train": {"schedule": "wsd", "decay_fraction": 0.1, "min_lr_ratio": 1.0},
     "windows": [
         {"name": "base", "start_step": 0, "end_step": 1200, "mixture": RECOVERY_MIXTURE, "planted": None},
         {"name": "late", "start_step": 1200, "end_step": 2000, "mixture": LATE_HARM_MIXTURE, "planted": "late_harm"},
