@@ -1,4 +1,4 @@
-"""Curriculum parsing and validation (probeselect.toy.curriculum); no training here."""
+"""Curriculum parsing and validation (probeselect.toy.curriculum); two tiny 10-step builds, and one 800-step late-harm build under the slow marker."""
 
 import subprocess
 import sys
