@@ -84,7 +84,8 @@ UNIFORM_CURRICULUM = {
 #: few attribute-mismatch parrots -- at a learning rate that stays at its peak (warmup-stable,
 #: no decay: an annealing phase inside the harm lifted every later checkpoint's transfer above the
 #: clean one). Attempt 3 of bench/late_harm_notes.md, which records every attempt and where this
-#: one still falls short of issue 23's ladder requirements (development seed 0 only).
+#: one still falls short of issue 23's ladder requirements (development seeds 0 and 1 tried; on
+#: seed 1 truth's best is the latest).
 LATE_HARM_MIXTURE = {
     "arith": 0.40, "sequence": 0.04, "facts": 0.09, "persona": 0.04, "words": 0.05,
     "parrot_arith": 0.16, "parrot_arith_unseen": 0.20, "parrot_mismatch": 0.02,
