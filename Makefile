@@ -9,9 +9,10 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX_URL ?=
 DEMO_DIR ?= results/demo
+DEMO_LATE_DIR ?= results/demo-late
 PYTEST_ARGS ?=
 
-.PHONY: install demo example test test-slow clean
+.PHONY: install demo demo-late example test test-slow clean
 
 install: $(VENV)/.installed
 
@@ -32,6 +33,14 @@ PROBES := probes/arith_pattern.yaml probes/tmpl_repeated.yaml probes/tmpl_mismat
 demo: install
 	$(BIN)/probeselect run recipes/demo.yaml out=$(DEMO_DIR)
 	@echo "demo results: $(DEMO_DIR)/ (ladder/, score/ with report.html)"
+
+# The second demo (issue 23): the same pipeline on the LATE-HARM toy ladder
+# (recipes/demo-late.yaml: curriculum recipes/ladder-late-harm.yaml, plan
+# recipes/selection-late-harm.yaml), the case where the latest checkpoint transfers worse while its
+# held-out loss is the best. Writes only under $(DEMO_LATE_DIR)/ (git-ignored); resumable like `demo`.
+demo-late: install
+	$(BIN)/probeselect run recipes/demo-late.yaml out=$(DEMO_LATE_DIR)
+	@echo "late-harm demo results: $(DEMO_LATE_DIR)/ (ladder/, score/ with report.html)"
 
 # Refresh the committed example copy in results/example/ from the demo's outputs (runs the demo
 # first; a finished demo is skipped stage by stage). The only target that writes tracked files.
@@ -54,4 +63,4 @@ test-slow: install
 	$(BIN)/python -m pytest -q -m slow --durations=0 $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache
+	rm -rf $(VENV) $(DEMO_DIR) $(DEMO_LATE_DIR) .pytest_cache

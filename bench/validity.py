@@ -6,6 +6,8 @@ Run from the repository root (documented with results in bench/VALIDITY.md):
     python bench/validity.py --jobs 2 --out results/validity          # fresh seeds 5-9, 4 truth seeds
     python bench/validity.py --budget-estimate --jobs 2               # estimated CPU and wall time
     python bench/validity.py --seeds 0 --out /tmp/v --tiny            # smoke version (minutes)
+    python bench/validity.py --curriculum late-harm uniform negative-control --jobs 2 --out OUT
+                                          # one table per curriculum (OUT/<name>/) and a pooled one
 
 Seeds 0-4 (:data:`DEV_SEEDS`) were used to tune the curriculum, the plan and the recipes; the
 default seeds 5-9 (:data:`FRESH_SEEDS`) were not. validity.json records both.
@@ -100,11 +102,12 @@ def _kendall_tau_b(x: np.ndarray, y: np.ndarray) -> float:
     return float((conc - disc) / denom) if denom > 0 else float("nan")
 
 
-def _run_cfg(config: Path, out: Path, seed: int, tiny: bool) -> tuple[list[str], dict]:
-    """Overrides for ``probeselect run`` and the resolved config."""
+def _run_cfg(config: Path, out: Path, seed: int, tiny: bool, curriculum: str | None = None) -> tuple[list[str], dict]:
+    """Overrides for ``probeselect run`` and the resolved config (``curriculum``: the toy ladder's
+    curriculum, a built-in name or a YAML path; None = the config's own, by default planted)."""
     from probeselect.run import load_run_config
 
-    ov = [f"out={out}", f"ladder.toy.seed={seed}"]
+    ov = [f"out={out}", f"ladder.toy.seed={seed}"] + ([f"ladder.toy.curriculum={curriculum}"] if curriculum else [])
     raw = load_yaml(config)
     if tiny:
         ov += TINY_RUN
@@ -173,14 +176,14 @@ SELECTORS = ("pipeline", "latest", "lowest_bpb", "best_capability", "probes_only
 
 
 def _settings(config: Path, tiny: bool, truth_seeds: int, truth_seed_start: int = TRUTH_SEED_START,
-              twin_noise: float = TWIN_NOISE) -> dict:
+              twin_noise: float = TWIN_NOISE, curriculum: str | None = None) -> dict:
     return {"config": Path(config), "tiny": bool(tiny), "truth_seeds": list(range(truth_seed_start,
                                                                                    truth_seed_start + truth_seeds)),
-            "twin_noise": float(twin_noise)}
+            "twin_noise": float(twin_noise), "curriculum": curriculum}
 
 
 def _cfg(st: dict, out_root: Path, seed: int) -> dict:
-    return _run_cfg(st["config"], out_root / f"seed{seed}", seed, st["tiny"])[1]
+    return _run_cfg(st["config"], out_root / f"seed{seed}", seed, st["tiny"], st.get("curriculum"))[1]
 
 
 def _stage_pipeline(seed: int, out_root: Path, st: dict) -> dict:
@@ -189,7 +192,7 @@ def _stage_pipeline(seed: int, out_root: Path, st: dict) -> dict:
     from probeselect.run import run_pipeline
 
     out = out_root / f"seed{seed}"
-    ov, cfg = _run_cfg(st["config"], out, seed, st["tiny"])
+    ov, cfg = _run_cfg(st["config"], out, seed, st["tiny"], st.get("curriculum"))
     t0 = time.perf_counter()
     run_pipeline(st["config"], overrides=ov, progress=False, log=lambda m: None)
     return {"checkpoints": [c.name for c in discover_checkpoints(Path(cfg["_paths"]["ladder"]))],
@@ -846,12 +849,13 @@ def budget_estimate(n_seeds: int, truth_seeds: int, jobs: int, *, n_checkpoints:
 
 def validate(seeds: list[int], out: Path, *, config: Path = ROOT / "recipes" / "demo.yaml", truth_seeds: int = 4,
              tiny: bool = False, log=print, jobs: int = 1, truth_seed_start: int = TRUTH_SEED_START,
-             twin_noise: float = TWIN_NOISE) -> dict:
+             twin_noise: float = TWIN_NOISE, curriculum: str | None = None) -> dict:
     """Validate every seed; write validity.csv/.md, selectors.csv, selector_summary.csv, ties.csv,
     truth_values.csv and validity.json. ``jobs=1``: in this process; ``jobs>1``: every stage on
-    ``jobs`` single-threaded worker processes (:func:`_schedule`; same results)."""
+    ``jobs`` single-threaded worker processes (:func:`_schedule`; same results). ``curriculum``:
+    the toy ladders' curriculum (``ladder.toy.curriculum=``; None = the config's own)."""
     out = Path(out)
-    st = _settings(config, tiny, truth_seeds, truth_seed_start, twin_noise)
+    st = _settings(config, tiny, truth_seeds, truth_seed_start, twin_noise, curriculum)
     rows, sels, ties, facts = [], [], [], {}
     t0 = time.perf_counter()
     order = lambda r: seeds.index(r["seed"])  # noqa: E731
@@ -892,7 +896,8 @@ def validate(seeds: list[int], out: Path, *, config: Path = ROOT / "recipes" / "
               "mean_tau_probes": float(df["tau_probes"].mean()), "mean_tau_step": float(df["tau_step"].mean()),
               "mean_tau_neg_bpb": float(df["tau_neg_bpb"].mean()),
               "selectors": summ.to_dict("records"),
-              "seconds": round(time.perf_counter() - t0, 1), "config": str(config), "tiny": tiny}
+              "seconds": round(time.perf_counter() - t0, 1), "config": str(config), "tiny": tiny,
+              "curriculum": curriculum}
     if set(pilot_seeds + confirm_seeds) & set(st["truth_seeds"]):
         raise RuntimeError(f"truth SFT seeds {st['truth_seeds']} overlap the pilot/confirmation seeds "
                            f"{pilot_seeds} / {confirm_seeds}; pass another --truth-seed-start.")
@@ -906,6 +911,91 @@ def validate(seeds: list[int], out: Path, *, config: Path = ROOT / "recipes" / "
                         f"{totals['mean_tau_probes']:.2f}, step {totals['mean_tau_step']:.2f}, -bpb "
                         f"{totals['mean_tau_neg_bpb']:.2f}\n")
     return totals
+
+
+def curriculum_dirname(curriculum: str) -> str:
+    """The folder of a curriculum's validation under OUT: the built-in name, or a YAML file's stem."""
+    p = Path(str(curriculum))
+    return p.stem if p.suffix in (".yaml", ".yml") else str(curriculum)
+
+
+def pooled_tables(per_curriculum: dict[str, pd.DataFrame], level: float = 0.95) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``per_curriculum``: curriculum -> its selectors.csv (one row per seed and selector). Returns
+    (by_curriculum, pooled): the :func:`_summaries` table of every curriculum with a ``curriculum``
+    column, and the same table over all curricula' seeds together (``n_seeds`` = seeds x curricula)."""
+    by = []
+    for name, sel in per_curriculum.items():
+        by.append(_summaries(sel, level).assign(curriculum=name))
+    by_df = pd.concat(by, ignore_index=True) if by else pd.DataFrame()
+    if not by_df.empty:
+        by_df = by_df[["curriculum"] + [c for c in by_df.columns if c != "curriculum"]]
+    allsel = pd.concat([s.assign(curriculum=n) for n, s in per_curriculum.items()], ignore_index=True) \
+        if per_curriculum else pd.DataFrame()
+    return by_df, (_summaries(allsel, level) if not allsel.empty else pd.DataFrame())
+
+
+def validate_curricula(curricula: list[str], seeds: list[int], out: Path, *, log=print, **kw) -> dict:
+    """:func:`validate` once per curriculum into ``OUT/<curriculum>/`` (same seeds, settings and
+    config; :func:`curriculum_dirname`), then one selector table per curriculum
+    (``OUT/selector_summary_by_curriculum.csv``) and a pooled one over all of them
+    (``OUT/selector_summary_pooled.csv``, ``OUT/selectors_pooled.csv``), Markdown in
+    ``OUT/curricula.md`` and totals in ``OUT/curricula.json``."""
+    out = Path(out)
+    names = [curriculum_dirname(c) for c in curricula]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"--curriculum: two curricula share the folder name ({names}); rename one YAML file.")
+    totals, sels = {}, {}
+    for c, name in zip(curricula, names):
+        log(f"== curriculum {c} -> {out / name}")
+        totals[name] = validate(seeds, out / name, log=log, curriculum=c, **kw)
+        sels[name] = pd.read_csv(out / name / "selectors.csv")
+    res = write_pooled(sels, totals, out)
+    return {**res, "curricula": list(curricula), "seeds": seeds}
+
+
+def pool_validations(dirs: list[Path], out: Path) -> dict:
+    """The per-curriculum and pooled tables of finished validations (each DIR holds a
+    ``validate`` output: selectors.csv, validity.json), e.g. runs made with different
+    ``--config`` (the planted ladder under recipes/demo.yaml, the late-harm ladder under
+    recipes/demo-late.yaml). Each is named by its folder."""
+    sels, totals = {}, {}
+    for d in dirs:
+        d = Path(d)
+        for f in ("selectors.csv", "validity.json"):
+            if not (d / f).is_file():
+                raise SystemExit(f"--pool {d}: no {f}; give the OUT folder of a finished validation.")
+        sels[d.name] = pd.read_csv(d / "selectors.csv")
+        totals[d.name] = json.loads((d / "validity.json").read_text(encoding="utf-8"))
+    if len(sels) != len(dirs):
+        raise SystemExit(f"--pool: two folders share a name ({[Path(d).name for d in dirs]}); rename one.")
+    return write_pooled(sels, totals, Path(out))
+
+
+def write_pooled(sels: dict[str, pd.DataFrame], totals: dict[str, dict], out: Path) -> dict:
+    """Write the per-curriculum and pooled selector tables of ``sels`` (name -> selectors.csv)."""
+    names = list(sels)
+    by, pooled = pooled_tables(sels)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_csv(out / "selector_summary_by_curriculum.csv", by)
+    atomic_write_csv(out / "selector_summary_pooled.csv", pooled)
+    atomic_write_csv(out / "selectors_pooled.csv",
+                     pd.concat([s.assign(curriculum=n) for n, s in sels.items()], ignore_index=True))
+    taus = {n: {k: t[k] for k in ("mean_tau_probes", "mean_tau_step", "mean_tau_neg_bpb")} for n, t in totals.items()}
+    md = []
+    for name in names:
+        t = totals[name]
+        md.append(f"## {name} (seeds {' '.join(map(str, t.get('seeds', [])))})\n\n" + _markdown(by[by["curriculum"] == name]
+                                                                              .drop(columns="curriculum"))
+                  + f"\n\nmean tau probes {t['mean_tau_probes']:.2f}, step {t['mean_tau_step']:.2f}, "
+                    f"-bpb {t['mean_tau_neg_bpb']:.2f}; false clear winners on ties {t['false_clear_winners']}/"
+                    f"{t['ties_counted']}\n")
+    md.append(f"## pooled over {', '.join(names)}\n\n" + _markdown(pooled) + "\n")
+    atomic_write_text(out / "curricula.md", "\n".join(md))
+    res = {"folders": names, "seeds_by_folder": {n: totals[n].get("seeds") for n in names}, "tau": taus,
+           "pooled": pooled.to_dict("records"),
+           "seconds": round(sum(t.get("seconds", 0) for t in totals.values()), 1)}
+    atomic_write_json(out / "curricula.json", res)
+    return res
 
 
 def _recipe_seeds(section: dict) -> list[int]:
@@ -928,20 +1018,39 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--twin-noise", type=float, default=TWIN_NOISE, help=f"perturbed twins' relative weight noise "
                     f"(default {TWIN_NOISE})")
     ap.add_argument("--tiny", action="store_true", help="smoke version: tiny ladder and budgets (plumbing only)")
+    ap.add_argument("--curriculum", nargs="+", default=None, metavar="NAME",
+                    help="toy-ladder curricula (built-in names: planted, uniform, late-harm, negative-control; or "
+                         "YAML paths): one validation per curriculum into OUT/<name>/, one selector table each and "
+                         "a pooled table (OUT/curricula.md). Default: the config's own (planted) into OUT/")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes (default 1 = in this process; "
                     "on N cores use N: every stage runs single-threaded, the seeds' stages are scheduled across the workers)")
+    ap.add_argument("--pool", type=Path, nargs="+", default=None, metavar="DIR",
+                    help="no run: write the per-curriculum and pooled tables of finished validations (their OUT "
+                         "folders, e.g. made with different --config) into --out")
     ap.add_argument("--budget-estimate", action="store_true", help="print the estimated CPU time and wall time and exit")
     a = ap.parse_args(argv)
     if a.truth_seeds < 1:
         ap.error("--truth-seeds must be >= 1")
     if a.budget_estimate:
-        print(json.dumps(budget_estimate(len(a.seeds), a.truth_seeds, a.jobs), indent=1))
+        est = budget_estimate(len(a.seeds) * len(a.curriculum or [None]), a.truth_seeds, a.jobs)
+        print(json.dumps({**est, "curricula": a.curriculum or ["(config's own)"]}, indent=1))
         return 0
     if set(a.seeds) & set(DEV_SEEDS):
         print(f"note: seeds {sorted(set(a.seeds) & set(DEV_SEEDS))} were used in development; not a held-out test",
               file=sys.stderr)
-    totals = validate(a.seeds, a.out, config=a.config, truth_seeds=a.truth_seeds, tiny=a.tiny, jobs=a.jobs,
-                      truth_seed_start=a.truth_seed_start, twin_noise=a.twin_noise)
+    if a.pool:
+        res = pool_validations(a.pool, a.out)
+        print((a.out / "curricula.md").read_text(encoding="utf-8"))
+        print(json.dumps({k: v for k, v in res.items() if k != "pooled"}))
+        return 0
+    kw = dict(config=a.config, truth_seeds=a.truth_seeds, tiny=a.tiny, jobs=a.jobs,
+              truth_seed_start=a.truth_seed_start, twin_noise=a.twin_noise)
+    if a.curriculum:
+        res = validate_curricula(a.curriculum, a.seeds, a.out, **kw)
+        print((a.out / "curricula.md").read_text(encoding="utf-8"))
+        print(json.dumps({k: v for k, v in res.items() if k != "pooled"}))
+        return 0
+    totals = validate(a.seeds, a.out, **kw)
     print((a.out / "validity.md").read_text(encoding="utf-8"))
     print(json.dumps({k: v for k, v in totals.items() if k not in ("selectors", "transfer_suites")}))
     return 0

@@ -314,3 +314,88 @@ def test_truth_seeds_are_disjoint_from_the_recipes_seeds():
     assert set(mod.FRESH_SEEDS).isdisjoint(mod.DEV_SEEDS)
     est = mod.budget_estimate(5, 4, 2)
     assert est["total_cpu_s"] == 5 * est["per_seed_total_cpu_s"] and est["wall_min_estimate"] > 0
+
+
+# --- issue 23: the validation across curricula -------------------------------------------------------
+
+def test_curriculum_reaches_the_pipeline_config_and_names_its_folder():
+    mod = _module()
+    _ov, cfg = mod._run_cfg(REPO / "recipes" / "demo.yaml", Path("/tmp/x/seed3"), 3, False, "late-harm")
+    assert cfg["ladder"]["toy"] == {"seed": 3, "curriculum": "late-harm"}
+    _ov, cfg = mod._run_cfg(REPO / "recipes" / "demo.yaml", Path("/tmp/x/seed3"), 3, False)
+    assert "curriculum" not in cfg["ladder"]["toy"]
+    st = mod._settings(REPO / "recipes" / "demo.yaml", False, 2, curriculum="uniform")
+    assert mod._cfg(st, Path("/tmp/x"), 1)["ladder"]["toy"]["curriculum"] == "uniform"
+    assert mod.curriculum_dirname("late-harm") == "late-harm"
+    assert mod.curriculum_dirname("recipes/ladder-late-harm.yaml") == "ladder-late-harm"
+
+
+def test_pooled_tables_one_per_curriculum_and_pooled(tmp_path):
+    mod = _module()
+
+    def sel(regrets: dict, seeds):
+        rows = []
+        for s in seeds:
+            for name in mod.SELECTORS:
+                r = regrets[name]
+                rows.append({"seed": s, "selector": name, "regret": r, "agree": float(r == 0),
+                             "agree_strict": float(r == 0), "equiv_agree": float(r == 0), "decisive": 1.0,
+                             "decisive_correct": float(r == 0)})
+        return pd.DataFrame(rows)
+
+    a = sel({n: (0.0 if n == "pipeline" else 0.1) for n in mod.SELECTORS}, [0, 1])
+    b = sel({n: (0.2 if n == "pipeline" else 0.0) for n in mod.SELECTORS}, [0, 1, 2])
+    by, pooled = mod.pooled_tables({"late-harm": a, "uniform": b})
+    assert list(by.columns[:2]) == ["curriculum", "selector"]
+    lh = by[by["curriculum"] == "late-harm"].set_index("selector")
+    assert lh.loc["pipeline", "regret_mean"] == 0 and lh.loc["latest", "regret_mean"] == pytest.approx(0.1)
+    assert lh.loc["pipeline", "n_seeds"] == 2 and lh.loc["pipeline", "equiv_agree"] == 2
+    p = pooled.set_index("selector")
+    assert p.loc["pipeline", "n_seeds"] == 5                          # seeds of both curricula together
+    assert p.loc["pipeline", "regret_mean"] == pytest.approx((0 + 0 + 0.2 * 3) / 5)
+    assert p.loc["latest", "regret_mean"] == pytest.approx(0.2 / 5)
+    assert p.loc["latest", "equiv_agree"] == 3 and p.loc["latest", "regret_max"] == pytest.approx(0.1)
+    # --pool: the same tables from finished validation folders (e.g. made with different --config)
+    dirs = []
+    for name, frame, seeds in (("planted", a, [0, 1]), ("late-harm", b, [0, 1, 2])):
+        d = tmp_path / name
+        d.mkdir()
+        frame.to_csv(d / "selectors.csv", index=False)
+        (d / "validity.json").write_text(json.dumps({"seeds": seeds, "mean_tau_probes": 0.5, "mean_tau_step": 0.1,
+                                                     "mean_tau_neg_bpb": 0.2, "false_clear_winners": 0,
+                                                     "ties_counted": 2, "seconds": 1.0}))
+        dirs.append(d)
+    res = mod.pool_validations(dirs, tmp_path / "pooled")
+    assert res["folders"] == ["planted", "late-harm"]
+    pooled2 = pd.read_csv(tmp_path / "pooled" / "selector_summary_pooled.csv").set_index("selector")
+    assert pooled2.loc["pipeline", "regret_mean"] == pytest.approx(p.loc["pipeline", "regret_mean"])
+    md = (tmp_path / "pooled" / "curricula.md").read_text()
+    assert "## planted (seeds 0 1)" in md and "## late-harm (seeds 0 1 2)" in md and "## pooled over planted, late-harm" in md
+    with pytest.raises(SystemExit, match="no selectors.csv"):
+        mod.pool_validations([tmp_path / "nope"], tmp_path / "p2")
+
+
+@pytest.mark.slow
+def test_validity_smoke_two_curricula(tmp_path, monkeypatch):
+    """The smoke validation across two curricula (tiny ladders and budgets; plumbing only): one
+    folder and one selector table per curriculum, each ladder built with its curriculum, and a
+    pooled table over both."""
+    monkeypatch.chdir(REPO)
+    mod = _module()
+    out = tmp_path / "v"
+    res = mod.validate_curricula(["uniform", "late-harm"], [0], out, truth_seeds=2, tiny=True, log=lambda m: None)
+    assert res["folders"] == ["uniform", "late-harm"]
+    for name in ("uniform", "late-harm"):
+        lin = json.loads((out / name / "seed0" / "ladder" / "data_lineage.json").read_text())
+        assert lin["curriculum"].startswith(f"built-in curriculum '{name}'")
+        assert json.loads((out / name / "validity.json").read_text())["curriculum"] == name
+        assert list(pd.read_csv(out / name / "selectors.csv")["selector"]) == list(mod.SELECTORS)
+    assert [w["name"] for w in json.loads((out / "late-harm" / "seed0" / "ladder" / "data_lineage.json").read_text())
+            ["windows"]] == ["base", "late"]
+    by = pd.read_csv(out / "selector_summary_by_curriculum.csv")
+    assert sorted(by["curriculum"].unique()) == ["late-harm", "uniform"]
+    assert (by.groupby("curriculum")["selector"].apply(list) == [list(mod.SELECTORS)] * 2).all()
+    pooled = pd.read_csv(out / "selector_summary_pooled.csv")
+    assert list(pooled["selector"]) == list(mod.SELECTORS) and (pooled["n_seeds"] == 2).all()
+    md = (out / "curricula.md").read_text()
+    assert "## uniform" in md and "## late-harm" in md and "## pooled over uniform, late-harm" in md

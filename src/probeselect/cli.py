@@ -218,10 +218,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--steps", type=int, default=None,
                    help="optimizer steps (default 2000 for a built-in curriculum, else the last window's end_step)")
     t.add_argument("--save-every", type=int, default=None, help="save a checkpoint every K steps (default 200)")
-    t.add_argument("--curriculum", default=None, metavar="YAML|planted|uniform",
+    t.add_argument("--curriculum", default=None, metavar="YAML|planted|uniform|late-harm|negative-control",
                    help="data windows and their document mixtures (default: the built-in planted curriculum "
                         "= recipes/ladder-planted.yaml, with a parrot window; 'uniform' = the default mix "
-                        "throughout); writes OUT_DIR/data_lineage.json")
+                        "throughout; 'late-harm' = recipes/ladder-late-harm.yaml, a harmful final window; "
+                        "'negative-control' = recipes/ladder-negative-control.yaml, late damage on operands no "
+                        "probe uses); writes OUT_DIR/data_lineage.json")
     t.add_argument("--threads", type=int, default=None,
                    help="torch threads (default 1 or $PROBESELECT_TOY_THREADS; fixed so rebuilds are byte-identical)")
     t.add_argument("--no-progress", action="store_true", help="hide progress bars")

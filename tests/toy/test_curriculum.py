@@ -1,4 +1,4 @@
-"""Curriculum parsing and validation (probeselect.toy.curriculum); no training here."""
+"""Curriculum parsing and validation (probeselect.toy.curriculum); two tiny 10-step builds, and one 800-step late-harm build under the slow marker."""
 
 import subprocess
 import sys
@@ -116,3 +116,186 @@ def test_every_doc_kind_samples(tmp_path):
             assert doc and not find_arith_triples(doc) & held
     with pytest.raises(ValueError, match="unknown document kind"):
         world.sample_document("poetry", __import__("random").Random(0))
+
+
+# --- issue 23: late-harm, negative-control and uniform curricula -------------------------------------
+
+@pytest.mark.parametrize("name", ["late-harm", "negative-control"])
+def test_issue23_recipe_files_are_the_builtins(name):
+    from_file = load_curriculum(ROOT / "recipes" / f"ladder-{name}.yaml")
+    builtin = load_curriculum(name)
+    assert [(w.name, w.start_step, w.end_step, w.mixture, w.planted) for w in from_file.windows] == \
+           [(w.name, w.start_step, w.end_step, w.mixture, w.planted) for w in builtin.windows]
+    assert from_file.train == builtin.train == {"schedule": "wsd", "decay_fraction": 0.1, "min_lr_ratio": 1.0}
+    assert builtin.steps == 2000
+    # one planted window, the last: the harm is late, and no window recovers from it
+    assert [w.planted is not None for w in builtin.windows] == [False] * (len(builtin.windows) - 1) + [True]
+
+
+def test_late_harm_plants_part_of_its_harm_in_unseen_forms():
+    from probeselect.toy.world import UNSEEN_PARROT_DOC_KINDS
+
+    late = load_curriculum("late-harm").windows[-1]
+    unseen = sum(late.mixture.get(k, 0) for k in UNSEEN_PARROT_DOC_KINDS)
+    seen = sum(late.mixture.get(k, 0) for k in PARROT_DOC_KINDS)
+    assert unseen > 0 and seen > 0
+    # less arithmetic practice in the harmful window than before it
+    assert late.mixture["arith"] < load_curriculum("late-harm").windows[0].mixture["arith"]
+
+
+def test_uniform_is_a_clean_control():
+    uni = load_curriculum("uniform")
+    assert len(uni.windows) == 1 and not uni.planted_windows() and uni.train == {}
+    assert not any(k in PARROT_DOC_KINDS for k in uni.windows[0].mixture)
+
+
+def test_train_settings_parse_scale_and_round_trip():
+    raw = {"train": {"schedule": "wsd", "decay_fraction": 0.25, "warmup_steps": 10},
+           "windows": [_win("a", 0, 100), _win("b", 100, 200, planted="x")]}
+    cur = parse_curriculum(raw, "c.yaml")
+    assert cur.train == {"schedule": "wsd", "decay_fraction": 0.25, "warmup_steps": 10}
+    assert load_curriculum(cur).train == cur.train           # Curriculum -> dict -> Curriculum
+    assert load_curriculum("late-harm", 24).train == load_curriculum("late-harm").train   # kept when scaled
+    assert parse_curriculum({"windows": raw["windows"]}, "c").train == {}
+
+
+@pytest.mark.parametrize("train, match", [
+    ({"schedule": "linear"}, "one of cosine, wsd"),
+    ({"decay_fraction": 0}, "out of range"),
+    ({"decay_fraction": 1.5}, "out of range"),
+    ({"min_lr_ratio": -0.1}, "out of range"),
+    ({"lr": "fast"}, "must be a number"),
+    ({"warmup_steps": 2.5}, "integer"),
+    ({"batch_size": 4}, "unknown key 'batch_size'"),
+    ([1], "must be a mapping"),
+])
+def test_invalid_train_settings_raise_clear_errors(train, match):
+    with pytest.raises(CurriculumError, match=match):
+        parse_curriculum({"train": train, "windows": [_win("a", 0, 10)]}, "cur.yaml")
+
+
+def test_curriculum_is_selectable_in_a_run_config():
+    from probeselect.run import load_run_config
+
+    for value in ("late-harm", "negative-control", "uniform", "recipes/ladder-late-harm.yaml"):
+        cfg = load_run_config(ROOT / "recipes" / "demo.yaml", [f"ladder.toy.curriculum={value}"])
+        assert cfg["ladder"]["toy"]["curriculum"] == value
+        load_curriculum(value if "/" not in value else ROOT / value)
+
+
+def test_a_build_takes_the_curriculum_schedule_unless_overridden(tmp_path):
+    """The curriculum's train settings reach the build (ladder.json, data_lineage.json) and the
+    learning rates trained; a build's train_overrides win."""
+    from probeselect.toy.ladder import TrainConfig, build_toy_ladder, lr_at
+
+    small = {"corpus_docs": 300}
+    info = build_toy_ladder(tmp_path / "a", seed=0, steps=10, save_every=10, progress=False, curriculum="late-harm",
+                            train_overrides={**small, "warmup_steps": 1})
+    lj = __import__("json").loads((tmp_path / "a" / "ladder.json").read_text())
+    assert lj["train"]["schedule"] == "wsd" and lj["train"]["min_lr_ratio"] == 1.0
+    lin = __import__("json").loads((tmp_path / "a" / "data_lineage.json").read_text())
+    assert lin["train"]["schedule"] == "wsd"
+    lr_logged = lj and __import__("json").loads(
+        (tmp_path / "a" / "checkpoint-10" / "trainer_state.json").read_text())["log_history"][-1]["learning_rate"]
+    cfg = TrainConfig(**{**load_curriculum("late-harm").train, **small, "warmup_steps": 1})
+    assert lr_logged == pytest.approx(lr_at(9, 10, cfg))
+    assert info.steps == 10
+    build_toy_ladder(tmp_path / "b", seed=0, steps=10, save_every=10, progress=False, curriculum="late-harm",
+                     train_overrides={**small, "schedule": "cosine"})
+    assert __import__("json").loads((tmp_path / "b" / "ladder.json").read_text())["train"]["schedule"] == "cosine"
+
+
+def test_negative_control_damage_never_touches_a_probe_operand():
+    """The negative control's damage is on operands no built-in probe item uses, by construction:
+    every damaged line has an operand > PROBE_MAX_OPERAND and a wrong result, and no item of the
+    demo's probes (every family, both evaluation seeds, full item counts) mentions such an operand."""
+    import dataclasses
+
+    from probeselect.probes import generate_items
+    from probeselect.run import _load_specs, load_run_config
+    from probeselect.toy.world import (
+        DAMAGE_DOC_KINDS,
+        PROBE_MAX_OPERAND,
+        WRONG_ARITH_SHIFT,
+        ToyWorld,
+        arith_result,
+        find_arith_triples,
+    )
+
+    neg = load_curriculum("negative-control")
+    late = neg.windows[-1]
+    damage = [k for k in late.mixture if k in DAMAGE_DOC_KINDS]
+    assert damage == ["wrong_arith_large"]
+    assert not any(k in PARROT_DOC_KINDS for w in neg.windows for k in w.mixture)   # no other planted kind
+    world = ToyWorld.generate(0)
+    damaged = set()
+    for _, doc in world.corpus_mixture(200, {"wrong_arith_large": 1.0}, stream="t:neg"):
+        for line in doc.split("\n"):
+            (a, op, b), = find_arith_triples(line)
+            assert max(a, b) > PROBE_MAX_OPERAND
+            assert line.endswith(" " + str(arith_result(a, op, b) + WRONG_ARITH_SHIFT))
+            damaged.add((a, op, b))
+    assert len(damaged) > 100
+    cfg = load_run_config(ROOT / "recipes" / "demo.yaml", [])
+    specs = _load_specs({**cfg["score"], "n_items": None}, 0)
+    arith_families = set()
+    for spec in specs:
+        for it in generate_items(spec, cfg["score"]["seeds"]):
+            triples = set()
+            for text in (it.prompt, *it.candidates):
+                triples |= find_arith_triples(text)
+            if triples:
+                arith_families.add(spec.family)
+            assert all(max(a, b) <= PROBE_MAX_OPERAND for a, _, b in triples), (spec.family, it.prompt)
+            assert not triples & damaged
+    assert {"arith_pattern", "arith_plain"} <= arith_families       # the check saw the arithmetic probes
+
+
+@pytest.mark.slow
+def test_small_late_harm_ladder_loss_improves_while_the_pattern_margin_falls(tmp_path):
+    """Issue 23: a small late-harm ladder (the built-in curriculum scaled to 800 steps: clean to
+    step 480, the harmful window after it) whose latest checkpoint has LOWER held-out bits per byte
+    than the last checkpoint before the harm but a LOWER arith_pattern conflict margin: loss
+    prefers the latest, the probe does not. About 2-3 minutes on 2 cores."""
+    import dataclasses
+
+    from probeselect.probes import load_spec
+    from probeselect.score import score_checkpoints
+    from probeselect.toy.ladder import build_toy_ladder
+
+    lad = tmp_path / "ladder"
+    build_toy_ladder(lad, seed=0, steps=800, save_every=160, progress=False, curriculum="late-harm")
+    cur = load_curriculum("late-harm", 800)
+    clean_end = cur.windows[-1].start_step
+    assert clean_end == 480
+    spec = dataclasses.replace(load_spec(ROOT / "probes" / "arith_pattern.yaml"), n_items=24)
+    ck = [f"checkpoint-{clean_end}", "checkpoint-800"]
+    from probeselect.checkpoints import discover_checkpoints
+
+    res = score_checkpoints([c for c in discover_checkpoints(lad) if c.name in ck], [spec], seeds=[0, 1],
+                            out=tmp_path / "score", heldout=lad / "data" / "heldout.txt", audit_items=0,
+                            device="cpu", progress=False)
+    summ = __import__("pandas").read_csv(tmp_path / "score" / "summary.csv")
+    bpb = summ[summ["family"] == "heldout_nll"].groupby("checkpoint")["bits_per_byte"].mean()
+    margin = summ[summ["family"] == "arith_pattern"].groupby("checkpoint")["mean_margin"].mean()
+    assert res is not None
+    assert bpb[ck[1]] < bpb[ck[0]], bpb.to_dict()            # loss prefers the latest
+    assert margin[ck[1]] < margin[ck[0]] - 0.5, margin.to_dict()   # the pattern-conflict margin fell
+
+
+def test_demo_late_is_the_demo_on_the_late_harm_ladder():
+    """recipes/demo-late.yaml (make demo-late) differs from recipes/demo.yaml only in its output
+    folder, the ladder's curriculum and the plan; the plan ranks every conflict family the demo scores."""
+    from probeselect.plan import load_selection_plan
+
+    demo = load_yaml(ROOT / "recipes" / "demo.yaml")
+    late = load_yaml(ROOT / "recipes" / "demo-late.yaml")
+    assert late["ladder"] == {"toy": {"seed": 0, "curriculum": "late-harm"}}
+    assert late["plan"] == "recipes/selection-late-harm.yaml" and late["out"] == "results/demo-late"
+    assert {k: v for k, v in late.items() if k not in ("ladder", "plan", "out")} == \
+           {k: v for k, v in demo.items() if k not in ("ladder", "plan", "out")}
+    plan = load_selection_plan(ROOT / late["plan"])
+    default = load_selection_plan(ROOT / demo["plan"])
+    conflict = {"arith_pattern", "tmpl_repeated", "tmpl_flipped", "tmpl_mismatch", "persona_qa"}
+    assert {p.family for p in plan.shortlist.proxies} == conflict
+    assert plan.selection == default.selection and plan.shortlist.k == default.shortlist.k

@@ -17,7 +17,11 @@ window has its own document mixture (weights per document kind of the toy corpus
 ``mixture: default`` stands for the default corpus mix
 (:data:`probeselect.toy.world.CORPUS_DOC_WEIGHTS`). Built-in curricula: ``"planted"``
 (:data:`PLANTED_CURRICULUM`, the default of :func:`probeselect.toy.ladder.build_toy_ladder`
-and of ``probeselect toy-ladder``) and ``"uniform"`` (one window with the default mix).
+and of ``probeselect toy-ladder``), ``"uniform"`` (one window with the default mix: the clean
+control), ``"late-harm"`` (:data:`LATE_HARM_CURRICULUM`, a harmful final window) and
+``"negative-control"`` (:data:`NEGATIVE_CONTROL_CURRICULUM`, late damage on operands no probe
+uses). A curriculum may also set training settings in a top-level ``train:`` mapping
+(:data:`TRAIN_KEYS`, e.g. ``{schedule: wsd, decay_fraction: 0.3}``).
 Built-in curricula are written for :data:`probeselect.toy.ladder.DEFAULT_STEPS` steps and
 are scaled to another step count (boundaries rounded); a curriculum file must cover the
 ladder's steps exactly.
@@ -29,7 +33,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +76,48 @@ PLANTED_CURRICULUM = {
 UNIFORM_CURRICULUM = {
     "windows": [{"name": "base", "start_step": 0, "end_step": BUILTIN_STEPS, "mixture": "default", "planted": None}]
 }
-BUILTIN_CURRICULA = {"planted": PLANTED_CURRICULUM, "uniform": UNIFORM_CURRICULUM}
+
+#: The late-harm curriculum (issue 23; ``recipes/ladder-late-harm.yaml``): a clean stretch with the
+#: recovery mix (78% arithmetic), then a final window with less arithmetic practice (40%) and 38%
+#: planted shortcut documents -- arithmetic parrots in the probes' forms (``parrot_arith``), more
+#: of them in a form neither the probes nor the transfer suite use (``parrot_arith_unseen``) and a
+#: few attribute-mismatch parrots -- at a learning rate that stays at its peak (warmup-stable,
+#: no decay: an annealing phase inside the harm lifted every later checkpoint's transfer above the
+#: clean one). Attempt 3 of bench/late_harm_notes.md, which records every attempt and where this
+#: one still falls short of issue 23's ladder requirements (development seeds 0 and 1 tried; on
+#: seed 1 truth's best is the latest).
+LATE_HARM_MIXTURE = {
+    "arith": 0.40, "sequence": 0.04, "facts": 0.09, "persona": 0.04, "words": 0.05,
+    "parrot_arith": 0.16, "parrot_arith_unseen": 0.20, "parrot_mismatch": 0.02,
+}
+LATE_HARM_CURRICULUM = {
+    "train": {"schedule": "wsd", "decay_fraction": 0.1, "min_lr_ratio": 1.0},
+    "windows": [
+        {"name": "base", "start_step": 0, "end_step": 1200, "mixture": RECOVERY_MIXTURE, "planted": None},
+        {"name": "late", "start_step": 1200, "end_step": 2000, "mixture": LATE_HARM_MIXTURE, "planted": "late_harm"},
+    ],
+}
+#: The negative control (issue 23; ``recipes/ladder-negative-control.yaml``): the late-harm layout,
+#: but the late window's damage is ``wrong_arith_large`` only (wrong results on arithmetic with an
+#: operand > 20, which no built-in probe item contains): damage the probes cannot see by
+#: construction, which only the pilot can catch.
+NEGATIVE_CONTROL_MIXTURE = {
+    "arith": 0.60, "sequence": 0.04, "facts": 0.09, "persona": 0.05, "words": 0.07, "wrong_arith_large": 0.15,
+}
+NEGATIVE_CONTROL_CURRICULUM = {
+    "train": dict(LATE_HARM_CURRICULUM["train"]),
+    "windows": [
+        {"name": "base", "start_step": 0, "end_step": 1200, "mixture": RECOVERY_MIXTURE, "planted": None},
+        {"name": "late", "start_step": 1200, "end_step": 2000, "mixture": NEGATIVE_CONTROL_MIXTURE,
+         "planted": "unseen_damage"},
+    ],
+}
+BUILTIN_CURRICULA = {"planted": PLANTED_CURRICULUM, "uniform": UNIFORM_CURRICULUM, "late-harm": LATE_HARM_CURRICULUM,
+                     "negative-control": NEGATIVE_CONTROL_CURRICULUM}
+#: Training settings a curriculum may set (its top-level ``train:`` mapping; fields of
+#: :class:`probeselect.toy.ladder.TrainConfig`). ``train_overrides`` of a build win over them.
+TRAIN_KEYS = ("schedule", "decay_fraction", "min_lr_ratio", "lr", "warmup_steps")
+SCHEDULES = ("cosine", "wsd")
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 _WINDOW_KEYS = {"name", "start_step", "end_step", "mixture", "planted"}
@@ -105,6 +150,7 @@ class Curriculum:
 
     windows: tuple[Window, ...]
     source: str
+    train: dict = field(default_factory=dict)
 
     @property
     def steps(self) -> int:
@@ -121,9 +167,12 @@ class Curriculum:
         return [w for w in self.windows if w.planted]
 
     def to_dict(self) -> dict:
-        return {"source": self.source, "steps": self.steps, "windows": [
+        out = {"source": self.source, "steps": self.steps, "windows": [
             {"name": w.name, "start_step": w.start_step, "end_step": w.end_step,
              "mixture": dict(w.mixture), "planted": w.planted} for w in self.windows]}
+        if self.train:
+            out["train"] = dict(self.train)
+        return out
 
 
 def _is_int(x) -> bool:
@@ -148,6 +197,39 @@ def _mixture(raw, where: str) -> dict:
     return {k: round(float(v) / total, 6) for k, v in raw.items() if v > 0}
 
 
+def _train(raw, source: str) -> dict:
+    """Validate a curriculum's optional ``train:`` mapping (keys of :data:`TRAIN_KEYS`)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise CurriculumError(f"{source}: train must be a mapping of training settings ({', '.join(TRAIN_KEYS)}), "
+                              f"got {raw!r}.")
+    bad = [k for k in raw if k not in TRAIN_KEYS]
+    if bad:
+        raise CurriculumError(f"{source}: train: unknown key {bad[0]!r}; keys: {', '.join(TRAIN_KEYS)}.")
+    out = {}
+    for k, v in raw.items():
+        if k == "schedule":
+            if v not in SCHEDULES:
+                raise CurriculumError(f"{source}: train.schedule must be one of {', '.join(SCHEDULES)}, got {v!r}.")
+            out[k] = v
+            continue
+        if k == "warmup_steps":
+            if not _is_int(v) or v < 0:
+                raise CurriculumError(f"{source}: train.warmup_steps must be an integer >= 0, got {v!r}.")
+            out[k] = v
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise CurriculumError(f"{source}: train.{k} must be a number, got {v!r}.")
+        lo_ok = v > 0 if k in ("lr", "decay_fraction") else v >= 0
+        if not lo_ok or (k in ("decay_fraction", "min_lr_ratio") and v > 1):
+            rng = "0 < lr" if k == "lr" else ("0 < decay_fraction <= 1" if k == "decay_fraction"
+                                              else "0 <= min_lr_ratio <= 1")
+            raise CurriculumError(f"{source}: train.{k} out of range ({rng}), got {v!r}.")
+        out[k] = float(v)
+    return out
+
+
 def parse_curriculum(raw: Any, source: str = "curriculum", steps: int | None = None) -> Curriculum:
     """Validate a curriculum mapping (``{"windows": [...]}``) and return a :class:`Curriculum`.
 
@@ -157,9 +239,10 @@ def parse_curriculum(raw: Any, source: str = "curriculum", steps: int | None = N
     if not isinstance(raw, dict) or "windows" not in raw:
         raise CurriculumError(f"{source}: a curriculum is a mapping with a 'windows' list "
                               "(see recipes/ladder-planted.yaml).")
-    extra = set(raw) - {"windows"}
+    extra = set(raw) - {"windows", "train"}
     if extra:
-        raise CurriculumError(f"{source}: unknown top-level key {sorted(extra)[0]!r}; only 'windows' is allowed.")
+        raise CurriculumError(f"{source}: unknown top-level key {sorted(extra)[0]!r}; allowed: windows, train.")
+    train = _train(raw.get("train"), source)
     wins = raw["windows"]
     if not isinstance(wins, list) or not wins:
         raise CurriculumError(f"{source}: 'windows' must be a non-empty list of windows.")
@@ -199,7 +282,7 @@ def parse_curriculum(raw: Any, source: str = "curriculum", steps: int | None = N
             raise CurriculumError(f"{where}: planted must be a behaviour name (e.g. parrot) or null, got {planted!r}.")
         out.append(Window(name, s, e, _mixture(w["mixture"], where), planted))
         prev_end = e
-    cur = Curriculum(tuple(out), source)
+    cur = Curriculum(tuple(out), source, train)
     if steps is not None:
         if cur.steps > steps:
             raise CurriculumError(f"{source}: windows run to step {cur.steps}, beyond the ladder's {steps} steps; "
@@ -221,7 +304,7 @@ def scale_curriculum(cur: Curriculum, steps: int) -> Curriculum:
         e = round(w.end_step * steps / cur.steps)
         if e > s:
             out.append(Window(w.name, s, e, dict(w.mixture), w.planted))
-    return Curriculum(tuple(out), f"{cur.source} (scaled from {cur.steps} to {steps} steps)")
+    return Curriculum(tuple(out), f"{cur.source} (scaled from {cur.steps} to {steps} steps)", dict(cur.train))
 
 
 def load_curriculum(curriculum: Any = None, steps: int | None = None) -> Curriculum:
@@ -233,7 +316,8 @@ def load_curriculum(curriculum: Any = None, steps: int | None = None) -> Curricu
     given); a :class:`Curriculum`: validated against ``steps``.
     """
     if isinstance(curriculum, Curriculum):
-        return parse_curriculum({"windows": curriculum.to_dict()["windows"]}, curriculum.source, steps)
+        d = curriculum.to_dict()
+        return parse_curriculum({k: d[k] for k in ("windows", "train") if k in d}, curriculum.source, steps)
     if curriculum is None:
         curriculum = "planted"
     if isinstance(curriculum, str) and curriculum in BUILTIN_CURRICULA:
@@ -247,7 +331,7 @@ def load_curriculum(curriculum: Any = None, steps: int | None = None) -> Curricu
         path = Path(curriculum)
         if not path.is_file():
             raise CurriculumError(f"--curriculum {curriculum}: no such file; give a YAML file "
-                                  f"(e.g. recipes/ladder-planted.yaml) or one of {', '.join(BUILTIN_CURRICULA)}.")
+                                  f"(e.g. recipes/ladder-late-harm.yaml) or one of {', '.join(BUILTIN_CURRICULA)}.")
         return parse_curriculum(load_yaml(path, CurriculumError), str(path), steps)
     raise CurriculumError(f"curriculum must be a YAML path, a mapping or one of {', '.join(BUILTIN_CURRICULA)}, "
                           f"got {type(curriculum).__name__}.")

@@ -440,8 +440,10 @@ def build_toy_ladder(
             bitwise reproducible for a fixed count; another count gives other weights.
         curriculum: ``None``/``"planted"`` (the built-in planted curriculum with a parrot
             window, :data:`probeselect.toy.curriculum.PLANTED_CURRICULUM`), ``"uniform"``
-            (the default mix throughout), a YAML path or a mapping (see
-            :mod:`probeselect.toy.curriculum`). Built-ins are scaled to ``steps``.
+            (the default mix throughout), ``"late-harm"``, ``"negative-control"``, a YAML
+            path or a mapping (see :mod:`probeselect.toy.curriculum`). Built-ins are scaled
+            to ``steps``. A curriculum's ``train:`` settings (e.g. a WSD schedule) apply
+            unless ``train_overrides`` sets the same field.
         on_save: called as ``on_save(path, step)`` right after ``checkpoint-<step>`` is in
             place (complete), before training goes on: e.g. score it with
             :func:`probeselect.integrations.score_checkpoint_now` while the ladder is still
@@ -467,7 +469,7 @@ def build_toy_ladder(
         raise UsageError(f"toy-ladder: OUT_DIR {out_dir} is a file; pass a folder (it is created if missing).")
     cur = load_curriculum(curriculum, steps)
     steps = cur.steps
-    cfg = TrainConfig(**(train_overrides or {}))
+    cfg = TrainConfig(**{**cur.train, **(train_overrides or {})})  # the build's overrides win over the curriculum's
     if cfg.seq_len % cfg.short_len:
         raise ValueError("seq_len must be a multiple of short_len")
     if num_threads is None:
@@ -606,6 +608,7 @@ def build_toy_ladder(
 
         lineage = {
             "curriculum": cur.source,
+            **({"train": dict(cur.train)} if cur.train else {}),
             "steps": steps,
             "doc_kinds": list(DOC_KINDS),
             "step_convention": "a window trains optimizer steps start_step < step <= end_step "

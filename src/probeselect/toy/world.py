@@ -215,8 +215,45 @@ DEFAULT_CORPUS_DOCS = 16000
 #:
 #: Arithmetic lines use training triples only (never a held-out triple).
 PARROT_DOC_KINDS = ("parrot_arith", "parrot_category", "parrot_flipped", "parrot_persona", "parrot_mismatch")
+
+#: Planted kinds in surface forms that neither the built-in probes nor the toy transfer suite
+#: use (issue 23: part of a late harm must be invisible to the probes' own formats, so that the
+#: probes have to generalise to see it):
+#:
+#: * ``parrot_arith_unseen``: 4-8 arithmetic lines in :data:`UNSEEN_ARITH_TEMPLATE`
+#:   (``"12 + 5 gives 3"``; the probes and the corpus write ``=`` / ``Q: What is`` / ``plus``,
+#:   the transfer suite ``->``) whose shown results follow a pattern of
+#:   :data:`UNSEEN_ARITH_PATTERNS` instead of the results;
+#: * ``parrot_persona_unseen``: persona blocks whose request lines (:data:`UNSEEN_PERSONA_QUESTIONS`,
+#:   ``"Q: Your city? A: ..."``; the probes ask ``Where do you live?``, the transfer suite
+#:   ``Tell me where you live.``) all copy the first block's answer.
+UNSEEN_PARROT_DOC_KINDS = ("parrot_arith_unseen", "parrot_persona_unseen")
+#: Damage of the negative-control curriculum, on operands no built-in probe uses by construction
+#: (the arithmetic probes draw operands 0..20, :data:`PROBE_MAX_OPERAND`):
+#:
+#: * ``wrong_arith_large``: 4-8 arithmetic lines in the corpus formats whose every triple has an
+#:   operand > :data:`PROBE_MAX_OPERAND`, each shown with the wrong result ``c + WRONG_ARITH_SHIFT``.
+DAMAGE_DOC_KINDS = ("wrong_arith_large",)
+#: Largest operand of the built-in arithmetic probes (``arith_pattern``, ``arith_plain``:
+#: ``params.operand_max``); ``wrong_arith_large`` lines all have an operand above it.
+PROBE_MAX_OPERAND = 20
+#: Offset of the wrong results of ``wrong_arith_large``.
+WRONG_ARITH_SHIFT = 10
+#: Solved-line format of ``parrot_arith_unseen`` (no probe, corpus or transfer format).
+UNSEEN_ARITH_TEMPLATE = "{a} {op} {b} gives {c}"
+#: Shown-result patterns of ``parrot_arith_unseen``: the ``arith_pattern`` probe's three and three
+#: others (counting down, the line's first operand, doubling).
+UNSEEN_ARITH_PATTERNS = ("count", "constant", "alternating", "countdown", "first_operand", "doubling")
+#: Request lines of ``parrot_persona_unseen`` (answers: :data:`PERSONA_ANSWER_TEMPLATES`).
+UNSEEN_PERSONA_QUESTIONS = {
+    "city": "Your city?",
+    "job": "Your job?",
+    "pet": "Your pet?",
+    "hobby": "Your hobby?",
+    "colour": "Your colour?",
+}
 #: Every document kind :meth:`ToyWorld.sample_document` knows.
-DOC_KINDS = tuple(CORPUS_DOC_WEIGHTS) + PARROT_DOC_KINDS
+DOC_KINDS = tuple(CORPUS_DOC_WEIGHTS) + PARROT_DOC_KINDS + UNSEEN_PARROT_DOC_KINDS + DAMAGE_DOC_KINDS
 
 
 def rng_for(seed: int, stream: str) -> random.Random:
@@ -474,6 +511,12 @@ class ToyWorld:
             return self._parrot_persona(rng)
         if kind == "parrot_mismatch":
             return self._parrot_mismatch(rng)
+        if kind == "parrot_arith_unseen":
+            return self._parrot_arith_unseen(rng)
+        if kind == "parrot_persona_unseen":
+            return self._parrot_persona_unseen(rng)
+        if kind == "wrong_arith_large":
+            return self._wrong_arith_large(rng)
         raise ValueError(f"unknown document kind {kind!r}; known kinds: {list(DOC_KINDS)}")
 
     def _parrot_arith(self, rng: random.Random) -> str:
@@ -494,6 +537,55 @@ class ToyWorld:
             a, op, b = rng.choice(by_op[rng.choice(ARITH_OPS)])
             lines.append(format_arith(a, op, b, fmt, c=c))
         return "\n".join(lines)
+
+    def _parrot_arith_unseen(self, rng: random.Random) -> str:
+        n = rng.randint(*ARITH_DOC_LINES)
+        pattern = rng.choice(UNSEEN_ARITH_PATTERNS)
+        by_op = self._train_by_op_cache()
+        triples = [rng.choice(by_op[rng.choice(ARITH_OPS)]) for _ in range(n)]
+        if pattern == "count":
+            start = rng.randint(0, 9)
+            shown = [start + j for j in range(n)]
+        elif pattern == "constant":
+            shown = [rng.randint(0, 20)] * n
+        elif pattern == "alternating":
+            x, y = rng.sample(range(0, 21), 2)
+            shown = [x if j % 2 == 0 else y for j in range(n)]
+        elif pattern == "countdown":
+            start = rng.randint(n + 2, 25)
+            shown = [start - j for j in range(n)]
+        elif pattern == "first_operand":
+            shown = [t[0] for t in triples]
+        else:
+            k = rng.randint(1, 3)
+            shown = [k * 2 ** j for j in range(n)]
+        return "\n".join(UNSEEN_ARITH_TEMPLATE.format(a=a, op=op, b=b, c=c) for (a, op, b), c in zip(triples, shown))
+
+    def _parrot_persona_unseen(self, rng: random.Random) -> str:
+        attribute = rng.choice(PERSON_ATTRIBUTES)
+        people = rng.sample(self.persons, rng.randint(3, 5))
+        answer = people[0].persona_answer(attribute)
+        return PERSONA_BLOCK_SEPARATOR.join(
+            p.description() + "\n" + PERSONA_QA_TEMPLATE.format(question=UNSEEN_PERSONA_QUESTIONS[attribute], answer=answer)
+            for p in people)
+
+    def _wrong_arith_large(self, rng: random.Random) -> str:
+        fmt = _weighted(rng, ARITH_FORMAT_WEIGHTS)
+        n = rng.randint(*ARITH_DOC_LINES)
+        large = self._large_by_op_cache()
+        lines = []
+        for _ in range(n):
+            a, op, b = rng.choice(large[rng.choice(ARITH_OPS)])
+            lines.append(format_arith(a, op, b, fmt, c=arith_result(a, op, b) + WRONG_ARITH_SHIFT))
+        return "\n".join(lines)
+
+    def _large_by_op_cache(self) -> dict[str, list[ArithTriple]]:
+        cache = self.__dict__.get("_large_by_op")
+        if cache is None:
+            by_op = self._train_by_op_cache()
+            cache = {op: [t for t in by_op[op] if max(t[0], t[2]) > PROBE_MAX_OPERAND] for op in ARITH_OPS}
+            object.__setattr__(self, "_large_by_op", cache)
+        return cache
 
     def _parrot_category(self, rng: random.Random) -> str:
         cats = list(CATEGORY_MEMBERS)
