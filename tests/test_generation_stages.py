@@ -1,0 +1,181 @@
+"""Characterization of :func:`probeselect.generation.sample_generations` across its stages.
+
+Golden values: sha256 hashes PINNED from the code before it was split into stages
+(commit 20518a0), one per case. Each hash covers every field of every returned
+:class:`Generation` (text, terminated, n_new_tokens, stop, truncated_tokens), the ``stats``
+dict and, where the case has them, the progress-object calls and the warnings raised. The
+cases run on the session's tiny models: the trained ladder checkpoint (float32; a model type
+the shared-KV engine supports) with the fast ``shared`` engine and the general HF
+``expand`` path, a float64 random Llama (sampling far from float32 near-ties), a GPT-2
+model (the ``expand`` fallback with its RuntimeWarning), prefix groups split across
+batches, chunked decode rows (``max_rows``), greedy decoding, ``prompt_seeds`` and
+truncation on context overflow. A changed hash means the samples (or counts, warnings,
+progress calls) changed: compare with the old code before updating it. The hashes depend
+on the model weights and the float arithmetic of this CPU torch build; other tests
+(tests/test_generation.py) check the outputs against HF ``generate`` independently.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+
+import pytest
+import torch
+
+import probeselect.generation as gen
+from probeselect.generation import ContextOverflowError, sample_generations
+from probeselect.score import load_model, load_tokenizer
+
+FACTS = ("Ana is a baker from Oslo. She has a cat. She likes chess. Her favourite colour is red.\n"
+         "Bo is a pilot from Lima. He has an owl. He likes golf.\n")
+PROMPTS = [  # a prefix group of four (split across batches of 3) mixed with prompts that share nothing
+    FACTS + "Q: Where do you live? A:",
+    "12 + 5 =",
+    FACTS + "Q: What pet do you have? A:",
+    "The opposite of hot is",
+    FACTS + "Q: What is your job? A:",
+    FACTS + "Q: What do you like to do? A: I like",
+    "Q: What is 3 + 4? A:",
+]
+LONG = ["The opposite of hot is cold. The opposite of up is down. The opposite of big is",
+        "Bo is a pilot from Lima. He has an owl. Q: What pet does Bo have? A:", "7 + 1 ="]
+
+
+@pytest.fixture(scope="module")
+def ladder(ladder_checkpoints):
+    path = ladder_checkpoints[-1]
+    return load_model(path, torch.float32, torch.device("cpu")), load_tokenizer(path)
+
+
+@pytest.fixture(scope="module")
+def models(ladder):
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    tok = ladder[1]
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      initializer_range=0.3, bos_token_id=0, eos_token_id=1, pad_token_id=2)
+    llama64 = LlamaForCausalLM(cfg).eval().double()
+    torch.manual_seed(0)
+    gcfg = GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=2, n_positions=256,
+                      bos_token_id=0, eos_token_id=1, pad_token_id=2)
+    return {"ladder": ladder[0], "llama64": llama64, "gpt2": GPT2LMHeadModel(gcfg).eval(), "tok": tok}
+
+
+class _Progress:
+    def __init__(self):
+        self.calls = []
+
+    def update(self, k):
+        self.calls.append(("update", k))
+
+    def set_postfix_str(self, s):  # the rate is wall-clock: record only that it was set and its unit
+        self.calls.append(("postfix", s.endswith(" samples/s")))
+
+
+def _digest(gens, stats, extra=None) -> str:
+    rec = {"gens": [[[g.text, g.terminated, g.n_new_tokens, g.stop, g.truncated_tokens] for g in gs] for gs in gens],
+           "stats": stats, "extra": extra}
+    return hashlib.sha256(json.dumps(rec, sort_keys=True).encode()).hexdigest()
+
+
+CASES = {
+    # name: (model, prompts, keyword arguments)
+    "ladder-shared-groups": ("ladder", PROMPTS, dict(n=9, max_new_tokens=6, seed=3, batch_prompts=3)),
+    "ladder-expand-groups": ("ladder", PROMPTS, dict(n=9, max_new_tokens=6, seed=3, batch_prompts=3, engine="expand")),
+    "llama64-shared-chunked": ("llama64", PROMPTS, dict(n=11, max_new_tokens=5, seed=1, batch_prompts=2,
+                                                        max_rows=7, compact_fraction=0.5)),
+    "llama64-expand-chunked": ("llama64", PROMPTS, dict(n=11, max_new_tokens=5, seed=1, batch_prompts=2,
+                                                        max_rows=7, compact_fraction=0.5, engine="expand")),
+    "llama64-prompt-seeds-no-sharing": ("llama64", PROMPTS[:5], dict(n=6, max_new_tokens=4, temperature=0.7,
+                                                                     prompt_seeds=[5, -1, 7, 2**70, 0],
+                                                                     min_shared_prefix=0)),
+    "llama64-greedy": ("llama64", PROMPTS, dict(n=4, temperature=0.0, max_new_tokens=7, batch_prompts=4)),
+    "ladder-truncate-shared": ("ladder", LONG, dict(n=5, max_new_tokens=6, max_length=20, on_overflow="truncate",
+                                                    seed=2)),
+    "ladder-truncate-expand-greedy": ("ladder", LONG, dict(n=1, temperature=0.0, max_new_tokens=6, max_length=20,
+                                                           on_overflow="truncate", engine="expand")),
+}
+
+GOLDEN = {
+    'gpt2-fallback': "63a75ce2e4d65add7989fa1774053ea4e88bc874193cdbed1e4cac6e71e065f6",
+    'ladder-expand-groups': "d0bf38bccb33de2d63f6289721ce2069325999aa70c38436e901991cbfc934bf",
+    'ladder-shared-groups': "d0bf38bccb33de2d63f6289721ce2069325999aa70c38436e901991cbfc934bf",
+    'ladder-truncate-expand-greedy': "7b2c061daec1ec8db4f96570af3092a4191e59f8e37fd187d4575c06eb1c20b2",
+    'ladder-truncate-shared': "55c552948929052385e9476a324c69d47971c0b69ede9cdf5aafd8aa2962fa71",
+    'llama64-expand-chunked': "1167870cf29288d944f3269151234a2d85a3e88dcc811cd49955e87d409ded2d",
+    'llama64-greedy': "3323fd58916b6c30e9c54b5305d3f094aaf71147b87c1f7cbb9b1a1792051309",
+    'llama64-prompt-seeds-no-sharing': "51d231631741a4b029e01439c201907ac9418ba8a78fe9e9321f34c1f6f0cea8",
+    'llama64-shared-chunked': "1167870cf29288d944f3269151234a2d85a3e88dcc811cd49955e87d409ded2d",
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_samples_match_the_pinned_outputs(case, models):
+    which, prompts, kw = CASES[case]
+    stats: dict = {}
+    progress = _Progress()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a supported model never warns
+        got = sample_generations(models[which], models["tok"], prompts, stats=stats, progress=progress, **kw)
+    assert len(got) == len(prompts) and all(len(g) == kw["n"] for g in got)
+    digest = _digest(got, stats, progress.calls)
+    assert digest == GOLDEN.get(case), case
+
+
+def test_fallback_warning_and_samples_match_the_pinned_outputs(models, monkeypatch):
+    """GPT-2: the shared engine falls back to ``expand`` with one RuntimeWarning per process and model type."""
+    monkeypatch.setattr(gen, "_FALLBACK_NOTED", set())
+    stats: dict = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = sample_generations(models["gpt2"], models["tok"], PROMPTS, n=6, max_new_tokens=4, seed=1,
+                                 batch_prompts=3, stats=stats)
+        again = sample_generations(models["gpt2"], models["tok"], PROMPTS, n=6, max_new_tokens=4, seed=1,
+                                   batch_prompts=3)
+    shown = [(w.category.__name__, str(w.message), w.filename.rsplit("/", 1)[-1]) for w in caught]
+    assert again == got
+    digest = _digest(got, stats, shown)
+    assert digest == GOLDEN.get("gpt2-fallback"), "gpt2-fallback"
+
+
+@pytest.mark.parametrize("kw, err", [
+    (dict(n=0), ValueError), (dict(max_new_tokens=0), ValueError), (dict(batch_prompts=0), ValueError),
+    (dict(temperature=-1.0), ValueError), (dict(temperature=float("nan")), ValueError),
+    (dict(prompt_seeds=[1]), ValueError), (dict(engine="paged"), ValueError), (dict(max_rows=0), ValueError),
+    (dict(min_shared_prefix=-1), ValueError), (dict(on_overflow="drop"), ValueError),
+    (dict(max_length=20, max_new_tokens=6), ContextOverflowError),
+    (dict(max_length=20, max_new_tokens=20, on_overflow="truncate"), ContextOverflowError),
+])
+def test_errors_match_the_pinned_messages(kw, err, models):
+    with pytest.raises(err) as info:
+        sample_generations(models["ladder"], models["tok"], LONG, **{"n": 2, **kw})
+    assert type(info.value) is err
+    key = json.dumps(kw, sort_keys=True, default=str)
+    digest = hashlib.sha256(str(info.value).encode()).hexdigest()
+    assert digest == GOLDEN_ERRORS.get(key), (key, str(info.value))
+
+
+def test_edge_cases_match_the_old_code(models):
+    assert sample_generations(models["ladder"], models["tok"], [], n=3) == []
+    stats: dict = {}
+    assert sample_generations(models["ladder"], models["tok"], [], n=3, stats=stats) == [] and stats == {}
+
+
+GOLDEN_ERRORS = {
+    '{"batch_prompts": 0}': "832da3d65a73892ce126ab3efbd5bb51b82d7cf5dade23d0ff031f7c8b864ad8",
+    '{"engine": "paged"}': "cca9e2f48d28e02061cf55d2c91d40d530461fdccc6741061c0b94b432b265f9",
+    '{"max_length": 20, "max_new_tokens": 20, "on_overflow": "truncate"}': "c1f602497de7cec9851638361dc9b9e7b94085b696d53998c6f42efa471be298",
+    '{"max_length": 20, "max_new_tokens": 6}': "5b16229ab435f9a23b23f15b2151cfbe7dee52f0166cbe5fc054926482bafe43",
+    '{"max_new_tokens": 0}': "832da3d65a73892ce126ab3efbd5bb51b82d7cf5dade23d0ff031f7c8b864ad8",
+    '{"max_rows": 0}': "6cf4321db4839ea9bfa483bd1e7735f66fe863ff5f1859452c96f24f95631a2f",
+    '{"min_shared_prefix": -1}': "96cad96b87e9cc0b8326ee99162002cf8e99ac97e128722126548efbf7aa79f0",
+    '{"n": 0}': "832da3d65a73892ce126ab3efbd5bb51b82d7cf5dade23d0ff031f7c8b864ad8",
+    '{"on_overflow": "drop"}': "2d41b75b9372c114e2301f42b4e02e59c1ead66f89626289de908907ac46e3af",
+    '{"prompt_seeds": [1]}': "4fa505907d86d9039890e2d985c366987205c6c0826cbf9b3c765948c8cd1d57",
+    '{"temperature": -1.0}': "1725386318330fbbd758896ebf9cdaee456abd93dc7f58b643ebda614cbc264a",
+    '{"temperature": NaN}': "74f35fda98416394d3d43accea144aba6f11bb271ccc55794530b62269a742b5",
+}
