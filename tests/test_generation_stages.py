@@ -1,18 +1,18 @@
 """Characterization of :func:`probeselect.generation.sample_generations` across its stages.
 
 Golden values: sha256 hashes PINNED from the code before it was split into stages
-(commit 20518a0), one per case. Each hash covers every field of every returned
-:class:`Generation` (text, terminated, n_new_tokens, stop, truncated_tokens), the ``stats``
-dict and, where the case has them, the progress-object calls and the warnings raised. The
-cases run on the session's tiny models: the trained ladder checkpoint (float32; a model type
-the shared-KV engine supports) with the fast ``shared`` engine and the general HF
-``expand`` path, a float64 random Llama (sampling far from float32 near-ties), a GPT-2
-model (the ``expand`` fallback with its RuntimeWarning), prefix groups split across
-batches, chunked decode rows (``max_rows``), greedy decoding, ``prompt_seeds`` and
-truncation on context overflow. A changed hash means the samples (or counts, warnings,
-progress calls) changed: compare with the old code before updating it. The hashes depend
-on the model weights and the float arithmetic of this CPU torch build; other tests
-(tests/test_generation.py) check the outputs against HF ``generate`` independently.
+(``sample_generations`` of commit 20518a0), one per case. Each hash covers every field of
+every returned :class:`Generation` (text, terminated, n_new_tokens, stop, truncated_tokens),
+the ``stats`` dict and, where the case has them, the progress-object calls and the warnings
+raised (category, message, the file they are attributed to). The cases run float64 copies of
+the tiny random models of tests/test_generation.py (seeded initialisation, float64: the same
+samples on any CPU) on the toy tokenizer: the fast ``shared`` engine and the general HF
+``expand`` path, a prefix group split across batches, chunked decode rows (``max_rows``),
+greedy decoding, ``prompt_seeds``, truncation on context overflow, a GPT-2 model (the
+``expand`` fallback with its one RuntimeWarning) and every argument error. A changed hash
+means the samples (or counts, warnings, progress calls, messages) changed: compare with the
+old code before updating it. tests/test_generation.py checks the same paths against HF
+``generate`` and against each other, independently of these pins.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 
 import probeselect.generation as gen
 from probeselect.generation import ContextOverflowError, sample_generations
-from probeselect.score import load_model, load_tokenizer
+from probeselect.score import load_tokenizer
 
 FACTS = ("Ana is a baker from Oslo. She has a cat. She likes chess. Her favourite colour is red.\n"
          "Bo is a pilot from Lima. He has an owl. He likes golf.\n")
@@ -44,16 +44,14 @@ LONG = ["The opposite of hot is cold. The opposite of up is down. The opposite o
 
 
 @pytest.fixture(scope="module")
-def ladder(ladder_checkpoints):
-    path = ladder_checkpoints[-1]
-    return load_model(path, torch.float32, torch.device("cpu")), load_tokenizer(path)
-
-
-@pytest.fixture(scope="module")
-def models(ladder):
+def models(ladder_checkpoints):
+    """float64 copies of tiny random models (a Llama, which the shared-KV engine supports, and a
+    GPT-2, which falls back to ``expand``) on the toy tokenizer: seeded initialisation and
+    float64 arithmetic keep the samples the same on any CPU (no trained weights, no float32
+    near-ties; see ``random_model64`` in tests/test_generation.py)."""
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-    tok = ladder[1]
+    tok = load_tokenizer(ladder_checkpoints[-1])
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
@@ -61,8 +59,8 @@ def models(ladder):
     llama64 = LlamaForCausalLM(cfg).eval().double()
     torch.manual_seed(0)
     gcfg = GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=2, n_positions=256,
-                      bos_token_id=0, eos_token_id=1, pad_token_id=2)
-    return {"ladder": ladder[0], "llama64": llama64, "gpt2": GPT2LMHeadModel(gcfg).eval(), "tok": tok}
+                      bos_token_id=0, eos_token_id=1, pad_token_id=2, initializer_range=0.3)
+    return {"llama64": llama64, "gpt2_64": GPT2LMHeadModel(gcfg).eval().double(), "tok": tok}
 
 
 class _Progress:
@@ -84,8 +82,9 @@ def _digest(gens, stats, extra=None) -> str:
 
 CASES = {
     # name: (model, prompts, keyword arguments)
-    "ladder-shared-groups": ("ladder", PROMPTS, dict(n=9, max_new_tokens=6, seed=3, batch_prompts=3)),
-    "ladder-expand-groups": ("ladder", PROMPTS, dict(n=9, max_new_tokens=6, seed=3, batch_prompts=3, engine="expand")),
+    "llama64-shared-groups": ("llama64", PROMPTS, dict(n=9, max_new_tokens=6, seed=3, batch_prompts=3)),
+    "llama64-expand-groups": ("llama64", PROMPTS, dict(n=9, max_new_tokens=6, seed=3, batch_prompts=3,
+                                                       engine="expand")),
     "llama64-shared-chunked": ("llama64", PROMPTS, dict(n=11, max_new_tokens=5, seed=1, batch_prompts=2,
                                                         max_rows=7, compact_fraction=0.5)),
     "llama64-expand-chunked": ("llama64", PROMPTS, dict(n=11, max_new_tokens=5, seed=1, batch_prompts=2,
@@ -94,22 +93,22 @@ CASES = {
                                                                      prompt_seeds=[5, -1, 7, 2**70, 0],
                                                                      min_shared_prefix=0)),
     "llama64-greedy": ("llama64", PROMPTS, dict(n=4, temperature=0.0, max_new_tokens=7, batch_prompts=4)),
-    "ladder-truncate-shared": ("ladder", LONG, dict(n=5, max_new_tokens=6, max_length=20, on_overflow="truncate",
+    "llama64-truncate-shared": ("llama64", LONG, dict(n=5, max_new_tokens=6, max_length=20, on_overflow="truncate",
                                                     seed=2)),
-    "ladder-truncate-expand-greedy": ("ladder", LONG, dict(n=1, temperature=0.0, max_new_tokens=6, max_length=20,
+    "llama64-truncate-expand-greedy": ("llama64", LONG, dict(n=1, temperature=0.0, max_new_tokens=6, max_length=20,
                                                            on_overflow="truncate", engine="expand")),
 }
 
 GOLDEN = {
-    'gpt2-fallback': "63a75ce2e4d65add7989fa1774053ea4e88bc874193cdbed1e4cac6e71e065f6",
-    'ladder-expand-groups': "d0bf38bccb33de2d63f6289721ce2069325999aa70c38436e901991cbfc934bf",
-    'ladder-shared-groups': "d0bf38bccb33de2d63f6289721ce2069325999aa70c38436e901991cbfc934bf",
-    'ladder-truncate-expand-greedy': "7b2c061daec1ec8db4f96570af3092a4191e59f8e37fd187d4575c06eb1c20b2",
-    'ladder-truncate-shared': "55c552948929052385e9476a324c69d47971c0b69ede9cdf5aafd8aa2962fa71",
+    'gpt2-fallback': "7e61517e218bfdf648f5b1834dd7d473d9c9e3d5301024f50677da5ea52c1a50",
     'llama64-expand-chunked': "1167870cf29288d944f3269151234a2d85a3e88dcc811cd49955e87d409ded2d",
+    'llama64-expand-groups': "0fce067e8cf4623794f542083fae35e083d14dd9de7168428fd72106ddef99b3",
     'llama64-greedy': "3323fd58916b6c30e9c54b5305d3f094aaf71147b87c1f7cbb9b1a1792051309",
     'llama64-prompt-seeds-no-sharing': "51d231631741a4b029e01439c201907ac9418ba8a78fe9e9321f34c1f6f0cea8",
     'llama64-shared-chunked': "1167870cf29288d944f3269151234a2d85a3e88dcc811cd49955e87d409ded2d",
+    'llama64-shared-groups': "0fce067e8cf4623794f542083fae35e083d14dd9de7168428fd72106ddef99b3",
+    'llama64-truncate-expand-greedy': "ff6205d823303cd427c26f487a30044d221b7e13f5a5a519b1be5f60759c6249",
+    'llama64-truncate-shared': "2ddc66b505e644223e2993615d27f9d933cd7598f6695b78a2cc18efa34d938e",
 }
 
 
@@ -122,6 +121,10 @@ def test_samples_match_the_pinned_outputs(case, models):
         warnings.simplefilter("error")  # a supported model never warns
         got = sample_generations(models[which], models["tok"], prompts, stats=stats, progress=progress, **kw)
     assert len(got) == len(prompts) and all(len(g) == kw["n"] for g in got)
+    if kw.get("temperature", 1.0) != 0:  # a non-trivial record: varied samples
+        assert len({g.text for gs in got for g in gs}) > 5
+    if "on_overflow" in kw:  # the first long prompt really is cut
+        assert got[0][0].truncated_tokens > 0
     digest = _digest(got, stats, progress.calls)
     assert digest == GOLDEN.get(case), case
 
@@ -132,12 +135,13 @@ def test_fallback_warning_and_samples_match_the_pinned_outputs(models, monkeypat
     stats: dict = {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        got = sample_generations(models["gpt2"], models["tok"], PROMPTS, n=6, max_new_tokens=4, seed=1,
+        got = sample_generations(models["gpt2_64"], models["tok"], PROMPTS, n=6, max_new_tokens=4, seed=1,
                                  batch_prompts=3, stats=stats)
-        again = sample_generations(models["gpt2"], models["tok"], PROMPTS, n=6, max_new_tokens=4, seed=1,
+        again = sample_generations(models["gpt2_64"], models["tok"], PROMPTS, n=6, max_new_tokens=4, seed=1,
                                    batch_prompts=3)
     shown = [(w.category.__name__, str(w.message), w.filename.rsplit("/", 1)[-1]) for w in caught]
     assert again == got
+    assert len(shown) == 1 and "falling back to engine='expand'" in shown[0][1]
     digest = _digest(got, stats, shown)
     assert digest == GOLDEN.get("gpt2-fallback"), "gpt2-fallback"
 
@@ -152,7 +156,7 @@ def test_fallback_warning_and_samples_match_the_pinned_outputs(models, monkeypat
 ])
 def test_errors_match_the_pinned_messages(kw, err, models):
     with pytest.raises(err) as info:
-        sample_generations(models["ladder"], models["tok"], LONG, **{"n": 2, **kw})
+        sample_generations(models["llama64"], models["tok"], LONG, **{"n": 2, **kw})
     assert type(info.value) is err
     key = json.dumps(kw, sort_keys=True, default=str)
     digest = hashlib.sha256(str(info.value).encode()).hexdigest()
@@ -160,9 +164,9 @@ def test_errors_match_the_pinned_messages(kw, err, models):
 
 
 def test_edge_cases_match_the_old_code(models):
-    assert sample_generations(models["ladder"], models["tok"], [], n=3) == []
+    assert sample_generations(models["llama64"], models["tok"], [], n=3) == []
     stats: dict = {}
-    assert sample_generations(models["ladder"], models["tok"], [], n=3, stats=stats) == [] and stats == {}
+    assert sample_generations(models["llama64"], models["tok"], [], n=3, stats=stats) == [] and stats == {}
 
 
 GOLDEN_ERRORS = {
