@@ -6,7 +6,7 @@ every returned :class:`Generation` (text, terminated, n_new_tokens, stop, trunca
 the ``stats`` dict and, where the case has them, the progress-object calls and the warnings
 raised (category, message, the file they are attributed to). The cases run float64 copies of
 the tiny random models of tests/test_generation.py (seeded initialisation, float64: the same
-samples on any CPU) on the toy tokenizer: the fast ``shared`` engine and the general HF
+samples on any CPU) on a BPE tokenizer trained in the test on its prompts: the fast ``shared`` engine and the general HF
 ``expand`` path, a prefix group split across batches, chunked decode rows (``max_rows``),
 greedy decoding, ``prompt_seeds``, truncation on context overflow, a GPT-2 model (the
 ``expand`` fallback with its one RuntimeWarning) and every argument error. A changed hash
@@ -26,7 +26,6 @@ import torch
 
 import probeselect.generation as gen
 from probeselect.generation import ContextOverflowError, sample_generations
-from probeselect.score import load_tokenizer
 
 FACTS = ("Ana is a baker from Oslo. She has a cat. She likes chess. Her favourite colour is red.\n"
          "Bo is a pilot from Lima. He has an owl. He likes golf.\n")
@@ -44,14 +43,17 @@ LONG = ["The opposite of hot is cold. The opposite of up is down. The opposite o
 
 
 @pytest.fixture(scope="module")
-def models(ladder_checkpoints):
+def models():
     """float64 copies of tiny random models (a Llama, which the shared-KV engine supports, and a
-    GPT-2, which falls back to ``expand``) on the toy tokenizer: seeded initialisation and
-    float64 arithmetic keep the samples the same on any CPU (no trained weights, no float32
-    near-ties; see ``random_model64`` in tests/test_generation.py)."""
+    GPT-2, which falls back to ``expand``), as in tests/test_generation.py, on a BPE tokenizer
+    trained here on this file's prompts: seeded initialisation, float64 arithmetic and a fixed
+    tokenizer keep the samples the same on any CPU and whatever the toy corpus becomes (no
+    trained weights, no float32 near-ties; see ``random_model64`` in tests/test_generation.py)."""
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-    tok = load_tokenizer(ladder_checkpoints[-1])
+    from probeselect.toy.ladder import train_tokenizer
+
+    tok = train_tokenizer([FACTS, *PROMPTS, *LONG] * 3, vocab_size=300)
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
@@ -100,15 +102,15 @@ CASES = {
 }
 
 GOLDEN = {
-    'gpt2-fallback': "7e61517e218bfdf648f5b1834dd7d473d9c9e3d5301024f50677da5ea52c1a50",
-    'llama64-expand-chunked': "1167870cf29288d944f3269151234a2d85a3e88dcc811cd49955e87d409ded2d",
-    'llama64-expand-groups': "0fce067e8cf4623794f542083fae35e083d14dd9de7168428fd72106ddef99b3",
-    'llama64-greedy': "3323fd58916b6c30e9c54b5305d3f094aaf71147b87c1f7cbb9b1a1792051309",
-    'llama64-prompt-seeds-no-sharing': "51d231631741a4b029e01439c201907ac9418ba8a78fe9e9321f34c1f6f0cea8",
-    'llama64-shared-chunked': "1167870cf29288d944f3269151234a2d85a3e88dcc811cd49955e87d409ded2d",
-    'llama64-shared-groups': "0fce067e8cf4623794f542083fae35e083d14dd9de7168428fd72106ddef99b3",
-    'llama64-truncate-expand-greedy': "ff6205d823303cd427c26f487a30044d221b7e13f5a5a519b1be5f60759c6249",
-    'llama64-truncate-shared': "2ddc66b505e644223e2993615d27f9d933cd7598f6695b78a2cc18efa34d938e",
+    'gpt2-fallback': "b6dc6556dce7578ace4cb036ef24135ddd8af54752a4e26ac948668b7452ce14",
+    'llama64-expand-chunked': "9331a1643b19170a29db3a192825cda2d0da8e871c392727a0a75f6c03ed9574",
+    'llama64-expand-groups': "f61f37f2baac251475a94300f7dc63072c9e75de76037fdc96a3ecf04913a131",
+    'llama64-greedy': "14d773b78c2b842fab2f295b082cd49710b35260a7f372ece8ee787c1bbdeeb9",
+    'llama64-prompt-seeds-no-sharing': "ab68f373bd8fbe0f71cf69f4b9463d1514da0dcb108b72f487df5b84f800d7aa",
+    'llama64-shared-chunked': "9331a1643b19170a29db3a192825cda2d0da8e871c392727a0a75f6c03ed9574",
+    'llama64-shared-groups': "f61f37f2baac251475a94300f7dc63072c9e75de76037fdc96a3ecf04913a131",
+    'llama64-truncate-expand-greedy': "1fffac3a8c1861c961884f92476074cb6c731e5e9a9e4d7cdac20538779d4bf6",
+    'llama64-truncate-shared': "85929ad2a322afce4fccd120883e204a5406d05d1f4747449fcbe0eee3735b7d",
 }
 
 
@@ -173,7 +175,7 @@ GOLDEN_ERRORS = {
     '{"batch_prompts": 0}': "832da3d65a73892ce126ab3efbd5bb51b82d7cf5dade23d0ff031f7c8b864ad8",
     '{"engine": "paged"}': "cca9e2f48d28e02061cf55d2c91d40d530461fdccc6741061c0b94b432b265f9",
     '{"max_length": 20, "max_new_tokens": 20, "on_overflow": "truncate"}': "c1f602497de7cec9851638361dc9b9e7b94085b696d53998c6f42efa471be298",
-    '{"max_length": 20, "max_new_tokens": 6}': "5b16229ab435f9a23b23f15b2151cfbe7dee52f0166cbe5fc054926482bafe43",
+    '{"max_length": 20, "max_new_tokens": 6}': "315e28eb59e9b88650cbaddbb73ca9023be737b980d68b5b7d8e3a79df48a4c3",
     '{"max_new_tokens": 0}': "832da3d65a73892ce126ab3efbd5bb51b82d7cf5dade23d0ff031f7c8b864ad8",
     '{"max_rows": 0}': "6cf4321db4839ea9bfa483bd1e7735f66fe863ff5f1859452c96f24f95631a2f",
     '{"min_shared_prefix": -1}': "96cad96b87e9cc0b8326ee99162002cf8e99ac97e128722126548efbf7aa79f0",
