@@ -43,7 +43,7 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
 
 import pandas as pd
 import torch
@@ -523,6 +523,63 @@ def sample_generations(
     model to prefill them, each group prefix once; padding excluded), ``shared_groups``
     and ``shared_prompts`` (prefix groups and the prompts in them).
     """
+    _check_sampling_args(prompts, n=n, temperature=temperature, max_new_tokens=max_new_tokens,
+                         batch_prompts=batch_prompts, prompt_seeds=prompt_seeds, max_rows=max_rows, engine=engine,
+                         min_shared_prefix=min_shared_prefix)
+    if not prompts:
+        return []
+    device = next(model.parameters()).device
+    cache_kw, keep_last = _forward_kwargs(model)
+    eos = _eos_ids(model, tokenizer)
+    pad_id = getattr(model.config, "pad_token_id", None)
+    if pad_id is None:
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    encoded, cut = _encode_prompts(model, tokenizer, prompts, max_new_tokens, max_length, on_overflow)
+    if engine == "shared":  # the fallback is noted here: its warning's stacklevel names our caller
+        why = unsupported_reason(model, max(map(len, encoded)) + max_new_tokens)
+        if why is not None:
+            _note_fallback(model, why)
+            engine = "expand"
+    # greedy samples are all identical: decode one row per prompt and repeat it
+    s = _Sampler(model=model, tokenizer=tokenizer, device=device, cache_kw=cache_kw, keep_last=keep_last, eos=eos,
+                 pad_id=pad_id, engine=engine, n=n, n_rows=1 if temperature == 0 else n, temperature=temperature,
+                 max_new_tokens=max_new_tokens, seed=seed, prompt_seeds=prompt_seeds, max_rows=max_rows,
+                 compact_fraction=compact_fraction)
+    lay = _layout(model, encoded, min_shared_prefix, max_new_tokens, batch_prompts)
+    counts = _Counts()
+    if stats is not None:
+        stats.update(prompts=len(prompts), prompt_tokens=sum(map(len, encoded)), shared_groups=len(lay.groups),
+                     shared_prompts=sum(len(m) for _, m in lay.groups), prefill_tokens=0)
+    results: list[list[Generation] | None] = [None] * len(prompts)
+    finished: dict[tuple[tuple[int, ...], str | None], Generation] = {}  # decode each distinct sample once
+    prefix_kv: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    stop_mask = None
+    progress, own_bar = _open_progress(progress, len(prompts) * n)
+    t_start = time.perf_counter()
+    try:
+        for start in range(0, len(lay.order), batch_prompts):
+            idx = lay.order[start : start + batch_prompts]
+            cache, mask, last = _prefill(s, encoded, lay, idx, start, prefix_kv, counts)
+            if stop_mask is None:
+                stop_mask = _stop_token_mask(tokenizer, last.shape[-1], device)
+            toks, reasons = _decode_batch(s, cache, mask, last, stop_mask, _uniforms(s, idx))
+            del cache
+            _collect(s, idx, toks, reasons, cut, finished, results, progress, own_bar)
+            counts.done += len(idx) * n
+            if progress is not None and not own_bar and hasattr(progress, "set_postfix_str"):
+                progress.set_postfix_str(f"{counts.done / max(time.perf_counter() - t_start, 1e-9):.0f} samples/s")
+    finally:
+        if own_bar:
+            progress.close()
+        if stats is not None:
+            stats["prefill_tokens"] = counts.prefill
+    return results  # type: ignore[return-value]
+
+
+def _check_sampling_args(prompts: Sequence[str], *, n: int, temperature: float, max_new_tokens: int,
+                         batch_prompts: int, prompt_seeds: Sequence[int] | None, max_rows: int | None, engine: str,
+                         min_shared_prefix: int) -> None:
+    """Refuse bad arguments of :func:`sample_generations` before any model work."""
     if n < 1 or max_new_tokens < 1 or batch_prompts < 1:
         raise ValueError("n, max_new_tokens and batch_prompts must be >= 1")
     if temperature < 0 or not math.isfinite(temperature):
@@ -535,134 +592,172 @@ def sample_generations(
         raise ValueError(f"max_rows must be >= 1, got {max_rows}")
     if min_shared_prefix < 0:
         raise ValueError(f"min_shared_prefix must be >= 0 (0 = no prefix sharing), got {min_shared_prefix}")
-    if not prompts:
-        return []
-    device = next(model.parameters()).device
-    cache_kw, keep_last = _forward_kwargs(model)
-    eos = _eos_ids(model, tokenizer)
-    pad_id = getattr(model.config, "pad_token_id", None)
-    if pad_id is None:
-        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
+
+def _encode_prompts(model, tokenizer, prompts: Sequence[str], max_new_tokens: int, max_length: int | None,
+                    on_overflow: str) -> tuple[list[list[int]], list[int]]:
+    """Token ids of every prompt, fitted to the context (:func:`fit_prompts`), and the tokens cut from each."""
     encoded = [list(tokenizer.encode(p)) for p in prompts]
     for i, ids in enumerate(encoded):
         if not ids:
             raise ValueError(f"prompt {i} encodes to no tokens")
-    encoded, cut = fit_prompts(encoded, context_limit(model, max_length), max_new_tokens, on_overflow)
-    if engine == "shared":
-        why = unsupported_reason(model, max(map(len, encoded)) + max_new_tokens)
-        if why is not None:
-            _note_fallback(model, why)
-            engine = "expand"
-    # greedy samples are all identical: decode one row per prompt and repeat it
-    n_rows = 1 if temperature == 0 else n
-    # prompts sharing a long token prefix form groups whose prefix is prefilled once
+    return fit_prompts(encoded, context_limit(model, max_length), max_new_tokens, on_overflow)
+
+
+@dataclass(frozen=True, eq=False)
+class _Sampler:
+    """The resolved settings every batch of one :func:`sample_generations` call uses."""
+
+    model: Any
+    tokenizer: Any
+    device: torch.device
+    cache_kw: str  # forward()'s name of the KV cache argument
+    keep_last: dict  # prefill kwargs that keep only the last logits
+    eos: set[int]
+    pad_id: Any
+    engine: str  # after any fallback to "expand"
+    n: int
+    n_rows: int  # decoded rows per prompt (1 when greedy)
+    temperature: float
+    max_new_tokens: int
+    seed: int
+    prompt_seeds: Sequence[int] | None
+    max_rows: int | None
+    compact_fraction: float
+
+
+class _Layout(NamedTuple):
+    """Prefix groups and the order in which prompts are prefilled (batches of ``batch_prompts``)."""
+
+    groups: list[tuple[int, list[int]]]  # (shared prefix length, member prompts)
+    n_shared: list[int]  # tokens of prompt i prefilled with its group (0: none)
+    group_of: list[int]  # group of prompt i (-1: none)
+    order: list[int]  # prompts in prefill order
+    last_batch: dict[int, int]  # group -> start of the last batch holding one of its prompts
+
+
+@dataclass
+class _Counts:
+    prefill: int = 0  # tokens run through the model to prefill (each group prefix once)
+    done: int = 0  # samples finished
+
+
+def _layout(model, encoded: Sequence[Sequence[int]], min_shared_prefix: int, max_new_tokens: int,
+            batch_prompts: int) -> _Layout:
+    """Group prompts sharing a long token prefix (prefilled once) and order them for prefill."""
     groups = _prefix_groups(model, encoded, min_shared_prefix, max_new_tokens)
-    n_shared = [0] * len(prompts)  # tokens of prompt i prefilled with its group (0: none)
-    group_of = [-1] * len(prompts)
+    n_shared = [0] * len(encoded)
+    group_of = [-1] * len(encoded)
     for g, (S, members) in enumerate(groups):
         for i in members:
             n_shared[i], group_of[i] = S, g
     # groups first (members adjacent, longest first), then the other prompts, longest first;
     # batches of batch_prompts prompts may mix groups and ungrouped prompts
-    order = sorted((i for i in range(len(prompts)) if group_of[i] >= 0), key=lambda i: (group_of[i], -len(encoded[i]), i))
-    order += sorted((i for i in range(len(prompts)) if group_of[i] < 0), key=lambda i: (-len(encoded[i]), i))
-    last_batch = {}  # group -> start of the last batch holding one of its prompts
+    order = sorted((i for i in range(len(encoded)) if group_of[i] >= 0),
+                   key=lambda i: (group_of[i], -len(encoded[i]), i))
+    order += sorted((i for i in range(len(encoded)) if group_of[i] < 0), key=lambda i: (-len(encoded[i]), i))
+    last_batch = {}
     for k, i in enumerate(order):
         if group_of[i] >= 0:
             last_batch[group_of[i]] = k - k % batch_prompts
-    prefix_kv: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-    n_prefill = 0
-    if stats is not None:
-        stats.update(prompts=len(prompts), prompt_tokens=sum(map(len, encoded)), shared_groups=len(groups),
-                     shared_prompts=sum(len(m) for _, m in groups), prefill_tokens=0)
-    results: list[list[Generation] | None] = [None] * len(prompts)
-    finished: dict[tuple[tuple[int, ...], str | None], Generation] = {}  # decode each distinct sample once
-    stop_mask = None
+    return _Layout(groups=groups, n_shared=n_shared, group_of=group_of, order=order, last_batch=last_batch)
+
+
+def _open_progress(progress, total: int):
+    """(progress object or None, whether it is our own tqdm bar to close)."""
     own_bar = progress is True
     if own_bar:
         from tqdm.auto import tqdm
 
-        progress = tqdm(total=len(prompts) * n, desc="sampling", unit="sample", leave=False)
+        progress = tqdm(total=total, desc="sampling", unit="sample", leave=False)
     elif progress is False:
         progress = None
-    t_start, n_done = time.perf_counter(), 0
-    try:
-        for start in range(0, len(order), batch_prompts):
-            idx = order[start : start + batch_prompts]
-            P = len(idx)
-            for g in sorted({group_of[i] for i in idx if group_of[i] >= 0}):
-                if g not in prefix_kv:  # a group's common prefix runs once (batch 1), whatever its batches
-                    prefix_kv[g] = _prefix_kv(model, encoded[groups[g][1][0]][: groups[g][0]],
-                                              cache_kw=cache_kw, keep_last=keep_last, device=device)
-                    n_prefill += groups[g][0]
-            # the prefill: each prompt's tokens (past its group's prefix) go through the model once
-            cache, mask, last = _prefill_batch(model, [encoded[i] for i in idx], [n_shared[i] for i in idx],
-                                               [prefix_kv.get(group_of[i]) for i in idx], cache_kw=cache_kw,
-                                               keep_last=keep_last, pad_id=int(pad_id), device=device)
-            width = mask.shape[1]
-            n_prefill += sum(len(encoded[i]) - n_shared[i] for i in idx)
-            for g in [g for g in prefix_kv if last_batch[g] <= start]:
-                del prefix_kv[g]  # no later batch needs this group's prefix
-            if stop_mask is None:
-                stop_mask = _stop_token_mask(tokenizer, last.shape[-1], device)
-            lengths = mask.sum(-1)
-            uniforms = None
-            if temperature != 0:
-                uniforms = torch.empty((P, max_new_tokens, n), dtype=torch.float32)
-                for r, i in enumerate(idx):
-                    s = int(prompt_seeds[i]) & ((1 << 63) - 1) if prompt_seeds is not None else _derived_seed(seed, i)
-                    uniforms[r] = torch.rand((max_new_tokens, n), generator=torch.Generator().manual_seed(s))
-            rows_p = torch.arange(P).repeat_interleave(n_rows)
-            rows_s = torch.arange(n_rows).repeat(P)
-            auto = _auto_max_rows(model, cache, P, width, max_new_tokens, device,
-                                  shared_vocab=last.shape[-1] if engine == "shared" else None)
-            chunk = max_rows or auto or len(rows_p)
-            toks_all: list[list[int]] = []
-            reason_all: list[str | None] = []
-            kw = dict(temperature=temperature, max_new_tokens=max_new_tokens, stop_mask=stop_mask, eos=eos,
-                      compact_fraction=compact_fraction)
-            for c0 in range(0, len(rows_p), chunk):
-                rp, rs = rows_p[c0 : c0 + chunk], rows_s[c0 : c0 + chunk]
-                rp_d = rp.to(device)
-                if engine == "shared":
-                    # every chunk reads the one prefill K/V; only generated tokens get per-row storage
-                    shared = SharedKVCache.from_prefill(cache, mask, rp_d, max_new_tokens)
-                    with shared_kv_attention_enabled(model):
-                        toks, reason = _decode_rows(_SharedDecoder(model, shared), last[rp_d], lengths[rp_d],
-                                                    rp, rs, uniforms, **kw)
-                    del shared
-                else:
-                    # the last (or only) chunk expands the prefill cache itself, earlier ones a copy
-                    c_cache = cache if c0 + chunk >= len(rows_p) else copy.deepcopy(cache)
-                    c_cache.batch_select_indices(rp_d)  # expand: each prompt's row repeated per sample
-                    toks, reason = _decode_rows(_ExpandDecoder(model, c_cache, cache_kw, mask[rp_d]), last[rp_d],
-                                                lengths[rp_d], rp, rs, uniforms, **kw)
-                    del c_cache
-                toks_all.extend(toks)
-                reason_all.extend(reason)
-            del cache
-            for r, i in enumerate(idx):
-                gens = []
-                for j in range(r * n_rows, (r + 1) * n_rows):
-                    key = (tuple(toks_all[j]), reason_all[j])
-                    if key not in finished:
-                        finished[key] = _finish(tokenizer, toks_all[j], reason_all[j])
-                    gens.append(finished[key])
-                if cut[i]:
-                    gens = [dataclasses.replace(g, truncated_tokens=cut[i]) for g in gens]
-                results[i] = gens if n_rows == n else gens * n
-                if progress is not None:
-                    progress.update(n if own_bar else 1)
-            n_done += P * n
-            if progress is not None and not own_bar and hasattr(progress, "set_postfix_str"):
-                progress.set_postfix_str(f"{n_done / max(time.perf_counter() - t_start, 1e-9):.0f} samples/s")
-    finally:
-        if own_bar:
-            progress.close()
-        if stats is not None:
-            stats["prefill_tokens"] = n_prefill
-    return results  # type: ignore[return-value]
+    return progress, own_bar
+
+
+def _prefill(s: _Sampler, encoded: Sequence[Sequence[int]], lay: _Layout, idx: list[int], start: int,
+             prefix_kv: dict[int, list[tuple[torch.Tensor, torch.Tensor]]], counts: _Counts):
+    """Prefill the batch ``idx`` (starting at ``start`` in ``lay.order``): (cache, mask, last logits).
+    Runs each group prefix it needs once (kept in ``prefix_kv`` until its last batch)."""
+    for g in sorted({lay.group_of[i] for i in idx if lay.group_of[i] >= 0}):
+        if g not in prefix_kv:  # a group's common prefix runs once (batch 1), whatever its batches
+            prefix_kv[g] = _prefix_kv(s.model, encoded[lay.groups[g][1][0]][: lay.groups[g][0]],
+                                      cache_kw=s.cache_kw, keep_last=s.keep_last, device=s.device)
+            counts.prefill += lay.groups[g][0]
+    # the prefill: each prompt's tokens (past its group's prefix) go through the model once
+    cache, mask, last = _prefill_batch(s.model, [encoded[i] for i in idx], [lay.n_shared[i] for i in idx],
+                                       [prefix_kv.get(lay.group_of[i]) for i in idx], cache_kw=s.cache_kw,
+                                       keep_last=s.keep_last, pad_id=int(s.pad_id), device=s.device)
+    counts.prefill += sum(len(encoded[i]) - lay.n_shared[i] for i in idx)
+    for g in [g for g in prefix_kv if lay.last_batch[g] <= start]:
+        del prefix_kv[g]  # no later batch needs this group's prefix
+    return cache, mask, last
+
+
+def _uniforms(s: _Sampler, idx: list[int]) -> torch.Tensor | None:
+    """The uniform draws ``[prompt, step, sample]`` of the batch (None when greedy): prompt
+    ``i``'s come from ``prompt_seeds[i]`` or ``(seed, i)``, whatever else is in the batch."""
+    if s.temperature == 0:
+        return None
+    uniforms = torch.empty((len(idx), s.max_new_tokens, s.n), dtype=torch.float32)
+    for r, i in enumerate(idx):
+        seed = int(s.prompt_seeds[i]) & ((1 << 63) - 1) if s.prompt_seeds is not None else _derived_seed(s.seed, i)
+        uniforms[r] = torch.rand((s.max_new_tokens, s.n), generator=torch.Generator().manual_seed(seed))
+    return uniforms
+
+
+def _decode_batch(s: _Sampler, cache, mask: torch.Tensor, last: torch.Tensor, stop_mask: torch.Tensor,
+                  uniforms: torch.Tensor | None) -> tuple[list[list[int]], list[str | None]]:
+    """Decode every row (prompt x sample) of one prefilled batch, in chunks of rows that all
+    read the one prefill; per-row (tokens, stop reason), rows of prompt r at r*n_rows..."""
+    P, width, lengths = mask.shape[0], mask.shape[1], mask.sum(-1)
+    rows_p = torch.arange(P).repeat_interleave(s.n_rows)
+    rows_s = torch.arange(s.n_rows).repeat(P)
+    auto = _auto_max_rows(s.model, cache, P, width, s.max_new_tokens, s.device,
+                          shared_vocab=last.shape[-1] if s.engine == "shared" else None)
+    chunk = s.max_rows or auto or len(rows_p)
+    toks_all: list[list[int]] = []
+    reason_all: list[str | None] = []
+    kw = dict(temperature=s.temperature, max_new_tokens=s.max_new_tokens, stop_mask=stop_mask, eos=s.eos,
+              compact_fraction=s.compact_fraction)
+    for c0 in range(0, len(rows_p), chunk):
+        rp, rs = rows_p[c0 : c0 + chunk], rows_s[c0 : c0 + chunk]
+        rp_d = rp.to(s.device)
+        if s.engine == "shared":
+            # every chunk reads the one prefill K/V; only generated tokens get per-row storage
+            shared = SharedKVCache.from_prefill(cache, mask, rp_d, s.max_new_tokens)
+            with shared_kv_attention_enabled(s.model):
+                toks, reason = _decode_rows(_SharedDecoder(s.model, shared), last[rp_d], lengths[rp_d],
+                                            rp, rs, uniforms, **kw)
+            del shared
+        else:
+            # the last (or only) chunk expands the prefill cache itself, earlier ones a copy
+            c_cache = cache if c0 + chunk >= len(rows_p) else copy.deepcopy(cache)
+            c_cache.batch_select_indices(rp_d)  # expand: each prompt's row repeated per sample
+            toks, reason = _decode_rows(_ExpandDecoder(s.model, c_cache, s.cache_kw, mask[rp_d]), last[rp_d],
+                                        lengths[rp_d], rp, rs, uniforms, **kw)
+            del c_cache
+        toks_all.extend(toks)
+        reason_all.extend(reason)
+    return toks_all, reason_all
+
+
+def _collect(s: _Sampler, idx: list[int], toks_all: list[list[int]], reason_all: list[str | None], cut: list[int],
+             finished: dict, results: list, progress, own_bar: bool) -> None:
+    """Turn the batch's rows into each prompt's ``n`` :class:`Generation` (each distinct
+    sample decoded once, in ``finished``) in ``results``; one progress update per prompt."""
+    for r, i in enumerate(idx):
+        gens = []
+        for j in range(r * s.n_rows, (r + 1) * s.n_rows):
+            key = (tuple(toks_all[j]), reason_all[j])
+            if key not in finished:
+                finished[key] = _finish(s.tokenizer, toks_all[j], reason_all[j])
+            gens.append(finished[key])
+        if cut[i]:
+            gens = [dataclasses.replace(g, truncated_tokens=cut[i]) for g in gens]
+        results[i] = gens if s.n_rows == s.n else gens * s.n
+        if progress is not None:
+            progress.update(s.n if own_bar else 1)
 
 
 def greedy_generations(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 16,

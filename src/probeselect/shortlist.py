@@ -147,7 +147,56 @@ def shortlist(run_dir: str | Path, plan_path: str | Path, *, out_dir: str | Path
     ``plan_path``; write ``shortlist.csv`` and ``shortlist.json`` to ``out_dir`` (default
     ``run_dir``). Definitions: module docstring. Raises :class:`ProbeSpecError` for an
     invalid plan or one that names families/variants/metrics the run lacks.
+
+    Stages: read the plan and the run (:func:`_read_inputs`), rank every proxy and aggregate
+    (:func:`_rank_proxies`), flag one-probe winners (:func:`_one_probe_winners`), apply the
+    constraints (:func:`_apply_constraints`), choose the shortlist (:func:`_choose`), give
+    every checkpoint its reason (:func:`_reasons`) and write the files (:func:`_write`). Each
+    stage adds its columns to the one table, in this order, and its notes to ``notes``.
     """
+    inp = _read_inputs(run_dir, plan_path)
+    table = pd.DataFrame({"checkpoint": inp.order})
+    table["step"] = table["checkpoint"].map(inp.steps)
+    table["tokens"] = table["checkpoint"].map(inp.tokens)
+    table["candidate"] = table["checkpoint"].isin(inp.cands)
+    table = table.set_index("checkpoint")
+    ranking = _rank_proxies(inp, table)
+    one_probe = _one_probe_winners(ranking, inp.notes)
+    table["one_probe_winner"] = [c in one_probe for c in inp.order]
+    checks = _apply_constraints(inp, table)
+    choice = _choose(inp, ranking, checks, one_probe, table)
+    reasons, excluded = _reasons(inp, ranking, checks, one_probe, choice, table)
+    table["reason"] = [reasons[c] for c in inp.order]
+
+    lead = ["step", "tokens", "candidate", "selected", "shortlist_position", inp.plan.aggregation, "aggregate_rank",
+            "worst_rank", "one_probe_winner", "passes_constraints", "reason"]
+    rest = [c for c in table.columns if c not in lead]
+    table = table[lead + rest].reset_index()
+    csv_path, json_path = _write(inp, table, ranking, one_probe, choice, reasons,
+                                 Path(out_dir) if out_dir is not None else inp.run.run_dir)
+    return ShortlistResult(table=table, selected=choice.chosen, notes=inp.notes, plan=inp.plan, csv_path=csv_path,
+                           json_path=json_path, excluded=excluded)
+
+
+@dataclass
+class _Inputs:
+    """Stage 1: the plan, the run's summary and the checkpoints to rank."""
+
+    plan: Plan
+    plan_path: str | Path
+    src: str  # the plan path as the error messages name it
+    run: Any  # dynamics.Run
+    summary: pd.DataFrame  # summary.csv with a ``kind`` column
+    order: list[str]  # every checkpoint, in ladder order
+    steps: dict[str, Any]
+    tokens: dict[str, Any]
+    cands: list[str]
+    lock_state: dict[str, Any]
+    notes: list[str]  # every stage appends its notes here, in order
+
+
+def _read_inputs(run_dir: str | Path, plan_path: str | Path) -> _Inputs:
+    """Load and check the plan against the run; the candidates; the predeclared and lock notes."""
     from .dynamics import _kind_column, checkpoint_order, load_run
 
     plan = load_plan(plan_path)
@@ -161,37 +210,33 @@ def shortlist(run_dir: str | Path, plan_path: str | Path, *, out_dir: str | Path
     steps = info["step"].to_dict()
     tokens = info["tokens"].to_dict() if "tokens" in info.columns else {}
     cands = _resolve_candidates(plan, order, steps, src)
-    k = plan.k
     notes: list[str] = []
     notes.extend(_predeclared_note(plan_path, run.manifest))
     lock_state = _lock_state(Path(run_dir), Path(plan_path))
     if lock_state["note"]:
         notes.append(lock_state["note"])
+    return _Inputs(plan=plan, plan_path=plan_path, src=src, run=run, summary=summary, order=order, steps=steps,
+                   tokens=tokens, cands=cands, lock_state=lock_state, notes=notes)
 
-    table = pd.DataFrame({"checkpoint": order})
-    table["step"] = table["checkpoint"].map(steps)
-    table["tokens"] = table["checkpoint"].map(tokens)
-    table["candidate"] = table["checkpoint"].isin(cands)
-    table = table.set_index("checkpoint")
 
-    ranks = pd.DataFrame(index=cands)
+@dataclass
+class _Ranking:
+    """Stage 2: every candidate's rank on every proxy and its aggregate."""
+
+    ranks: pd.DataFrame  # candidate x proxy id, 1 = best
+    stability: dict[str, pd.Series]  # proxy id -> topk_frac (``variant: "*"`` proxies)
+    complete: pd.Series  # candidate -> a rank on every proxy
+    agg: pd.Series  # candidate -> mean/median rank (NaN when not complete)
+    n: int  # candidates with a rank on every proxy
+
+
+def _rank_proxies(inp: _Inputs, table: pd.DataFrame) -> _Ranking:
+    """Rank the candidates on every proxy and aggregate; adds the value/score/rank columns."""
+    plan, order = inp.plan, inp.order
+    ranks = pd.DataFrame(index=inp.cands)
     stability: dict[str, pd.Series] = {}
     for p in plan.proxies:
-        wide = _per_variant(summary, p.family, p.variant, p.metric, cands)
-        ow = oriented(wide, sign=1 if p.direction == "higher" else -1)  # higher = better
-        table[f"value[{p.id}]"] = wide.mean(axis=1, skipna=False).reindex(order)
-        if wide.shape[1] > 1:
-            per_var = pd.DataFrame({v: _rank(ow[v], higher=True) for v in ow.columns})
-            for v in per_var.columns:
-                table[f"value[{p.family}/{v}:{p.metric}]"] = wide[v].reindex(order)
-                table[f"rank[{p.family}/{v}:{p.metric}]"] = per_var[v].reindex(order)
-            score = -per_var.mean(axis=1, skipna=False)
-            frac = (per_var <= k + 1e-9).sum(axis=1) / per_var.shape[1]
-            frac[per_var.isna().any(axis=1)] = np.nan
-            stability[p.id] = frac
-            table[f"topk_frac[{p.id}]"] = frac.reindex(order)
-        else:
-            score = ow.iloc[:, 0]
+        score = _proxy_score(p, inp, table, stability)
         ranks[p.id] = _rank(score, higher=True)
         table[f"score[{p.id}]"] = score.reindex(order)
         table[f"rank[{p.id}]"] = ranks[p.id].reindex(order)
@@ -202,9 +247,33 @@ def shortlist(run_dir: str | Path, plan_path: str | Path, *, out_dir: str | Path
     table[plan.aggregation] = agg.reindex(order)
     table["aggregate_rank"] = _rank(agg, higher=False).reindex(order)
     table["worst_rank"] = ranks.max(axis=1).where(complete).reindex(order)
+    return _Ranking(ranks=ranks, stability=stability, complete=complete, agg=agg, n=int(complete.sum()))
 
-    # One-probe winners.
-    n = int(complete.sum())
+
+def _proxy_score(p: Proxy, inp: _Inputs, table: pd.DataFrame, stability: dict[str, pd.Series]) -> pd.Series:
+    """The oriented score of one proxy per candidate (minus the mean per-variant rank for a
+    several-variant proxy, whose per-variant columns and ``topk_frac`` this adds)."""
+    order, k = inp.order, inp.plan.k
+    wide = _per_variant(inp.summary, p.family, p.variant, p.metric, inp.cands)
+    ow = oriented(wide, sign=1 if p.direction == "higher" else -1)  # higher = better
+    table[f"value[{p.id}]"] = wide.mean(axis=1, skipna=False).reindex(order)
+    if wide.shape[1] <= 1:
+        return ow.iloc[:, 0]
+    per_var = pd.DataFrame({v: _rank(ow[v], higher=True) for v in ow.columns})
+    for v in per_var.columns:
+        table[f"value[{p.family}/{v}:{p.metric}]"] = wide[v].reindex(order)
+        table[f"rank[{p.family}/{v}:{p.metric}]"] = per_var[v].reindex(order)
+    score = -per_var.mean(axis=1, skipna=False)
+    frac = (per_var <= k + 1e-9).sum(axis=1) / per_var.shape[1]
+    frac[per_var.isna().any(axis=1)] = np.nan
+    stability[p.id] = frac
+    table[f"topk_frac[{p.id}]"] = frac.reindex(order)
+    return score
+
+
+def _one_probe_winners(ranking: _Ranking, notes: list[str]) -> dict[str, str]:
+    """Stage 3: checkpoint -> why it is a one-probe winner; notes a proxy that ranks every candidate the same."""
+    ranks, complete, n = ranking.ranks, ranking.complete, ranking.n
     for p in ranks.columns:
         if n > 1 and ranks.loc[complete, p].nunique() == 1:
             notes.append(f"proxy {p} ranks every candidate the same (an all-way tie, e.g. prompt variants whose ranks "
@@ -229,150 +298,206 @@ def shortlist(run_dir: str | Path, plan_path: str | Path, *, out_dir: str | Path
                 one_probe[c] = (f"{first} but in the bottom half on {len(bottom)} of {len(others)} other proxies "
                                 f"({', '.join(f'{q} rank {ranks.loc[c, q]:g}' for q in bottom)})")
                 break
-    table["one_probe_winner"] = [c in one_probe for c in order]
+    return one_probe
 
-    # Constraints.
-    fails: dict[str, list[str]] = {c: [] for c in order}
-    passes_notes: dict[str, list[str]] = {c: [] for c in order}
-    if plan.heldout_bpb_within is not None:
-        nll = summary[summary["kind"].eq("nll")]
-        if "bits_per_byte" in nll.columns:
-            nll = nll[nll["bits_per_byte"].notna()]
-        if "bits_per_byte" not in summary.columns or not len(nll):
-            notes.append("constraint heldout_bpb_within skipped: the run has no held-out NLL rows "
-                         "(family heldout_nll with a bits_per_byte value). Score with held-out NLL to apply it.")
-            table["heldout_bpb"] = np.nan
-            table["pass_heldout_bpb"] = pd.NA
-        else:
-            bpb = nll.groupby("checkpoint")["bits_per_byte"].mean().reindex(order)
-            best = bpb.reindex(cands).min()
-            worst = bpb.reindex(cands).max()
-            w, mode = plan.heldout_bpb_within, plan.heldout_bpb_mode
-            limit = {"absolute": best + w, "relative": best * (1 + w), "spread": best + w * (worst - best)}[mode]
-            how = {"absolute": f"{w:g} above the best candidate ({best:.4f})",
-                   "relative": f"{w:.3g} x the best candidate's {best:.4f} above it (limit {limit:.4f})",
-                   "spread": f"{w:.3g} of the candidates' range {best:.4f}-{worst:.4f} above the best (limit {limit:.4f})"}[mode]
-            ok = bpb <= limit + 1e-12
-            table["heldout_bpb"] = bpb
-            table["pass_heldout_bpb"] = ok
-            for c in cands:
-                if pd.isna(bpb[c]):
-                    fails[c].append("no held-out bits per byte recorded")
-                elif not ok[c]:
-                    fails[c].append(f"held-out bpb {bpb[c]:.4f} is more than {how}")
-                else:
-                    passes_notes[c].append(f"held-out bpb {bpb[c]:.4f} <= {limit:.4f}")
-    for f in plan.floors:
-        vals = _per_variant(summary, f.family, f.variant, f.metric, order).mean(axis=1, skipna=False)
+
+@dataclass
+class _Checks:
+    """Stage 4: what each checkpoint fails and passes among the plan's constraints."""
+
+    fails: dict[str, list[str]]
+    passes: dict[str, list[str]]
+
+
+def _apply_constraints(inp: _Inputs, table: pd.DataFrame) -> _Checks:
+    """Held-out bpb limit and capability floors; adds their columns and ``passes_constraints``."""
+    checks = _Checks(fails={c: [] for c in inp.order}, passes={c: [] for c in inp.order})
+    if inp.plan.heldout_bpb_within is not None:
+        _heldout_bpb_limit(inp, table, checks)
+    for f in inp.plan.floors:
+        vals = _per_variant(inp.summary, f.family, f.variant, f.metric, inp.order).mean(axis=1, skipna=False)
         ok = vals >= f.min - 1e-12
         table[f"capability[{f.id}]"] = vals
         table[f"pass_capability[{f.id}]"] = ok
-        for c in cands:
+        for c in inp.cands:
             if pd.isna(vals[c]):
-                fails[c].append(f"no {f.id} value recorded")
+                checks.fails[c].append(f"no {f.id} value recorded")
             elif not ok[c]:
-                fails[c].append(f"{f.id} {vals[c]:.4g} < floor {f.min:g}")
+                checks.fails[c].append(f"{f.id} {vals[c]:.4g} < floor {f.min:g}")
             else:
-                passes_notes[c].append(f"{f.id} {vals[c]:.4g} >= {f.min:g}")
-    table["passes_constraints"] = [(not fails[c]) if c in set(cands) else pd.NA for c in order]
+                checks.passes[c].append(f"{f.id} {vals[c]:.4g} >= {f.min:g}")
+    table["passes_constraints"] = [(not checks.fails[c]) if c in set(inp.cands) else pd.NA for c in inp.order]
+    return checks
 
-    # Selection.
-    eligible = [c for c in cands if complete[c] and not fails[c] and c not in one_probe]
+
+def _heldout_bpb_limit(inp: _Inputs, table: pd.DataFrame, checks: _Checks) -> None:
+    """``heldout_bpb_within``: skipped with a note when the run has no held-out NLL rows."""
+    summary, order, cands, plan = inp.summary, inp.order, inp.cands, inp.plan
+    nll = summary[summary["kind"].eq("nll")]
+    if "bits_per_byte" in nll.columns:
+        nll = nll[nll["bits_per_byte"].notna()]
+    if "bits_per_byte" not in summary.columns or not len(nll):
+        inp.notes.append("constraint heldout_bpb_within skipped: the run has no held-out NLL rows "
+                         "(family heldout_nll with a bits_per_byte value). Score with held-out NLL to apply it.")
+        table["heldout_bpb"] = np.nan
+        table["pass_heldout_bpb"] = pd.NA
+        return
+    bpb = nll.groupby("checkpoint")["bits_per_byte"].mean().reindex(order)
+    best = bpb.reindex(cands).min()
+    worst = bpb.reindex(cands).max()
+    w, mode = plan.heldout_bpb_within, plan.heldout_bpb_mode
+    limit = {"absolute": best + w, "relative": best * (1 + w), "spread": best + w * (worst - best)}[mode]
+    how = {"absolute": f"{w:g} above the best candidate ({best:.4f})",
+           "relative": f"{w:.3g} x the best candidate's {best:.4f} above it (limit {limit:.4f})",
+           "spread": f"{w:.3g} of the candidates' range {best:.4f}-{worst:.4f} above the best (limit {limit:.4f})"}[mode]
+    ok = bpb <= limit + 1e-12
+    table["heldout_bpb"] = bpb
+    table["pass_heldout_bpb"] = ok
+    for c in cands:
+        if pd.isna(bpb[c]):
+            checks.fails[c].append("no held-out bits per byte recorded")
+        elif not ok[c]:
+            checks.fails[c].append(f"held-out bpb {bpb[c]:.4f} is more than {how}")
+        else:
+            checks.passes[c].append(f"held-out bpb {bpb[c]:.4f} <= {limit:.4f}")
+
+
+@dataclass
+class _Choice:
+    """Stage 5: the eligible checkpoints in shortlist order and the ones chosen."""
+
+    eligible: list[str]  # by aggregate, then worst rank, then step
+    chosen: list[str]
+    stratum: dict[str, str]  # checkpoint -> stratum label (empty without ``stratify``)
+    pos: dict[str, int]  # chosen checkpoint -> shortlist position (1 = first)
+
+
+def _choose(inp: _Inputs, ranking: _Ranking, checks: _Checks, one_probe: dict[str, str],
+            table: pd.DataFrame) -> _Choice:
+    """The first k eligible checkpoints (stratified when the plan says so); adds the
+    stratum, ``selected`` and ``shortlist_position`` columns and the selection notes."""
+    ranks, agg, steps, k = ranking.ranks, ranking.agg, inp.steps, inp.plan.k
+    eligible = [c for c in inp.cands if ranking.complete[c] and not checks.fails[c] and c not in one_probe]
     eligible.sort(key=lambda c: (agg[c], ranks.loc[c].max(), steps.get(c) if pd.notna(steps.get(c)) else -1))
     chosen = eligible[:k]
     stratum: dict[str, str] = {}
-    if plan.stratify is not None:
+    if inp.plan.stratify is not None:
         from .plan import run_strata
 
-        stratum = run_strata(plan, run.run_dir, summary, cands, src) or {}
+        stratum = run_strata(inp.plan, inp.run.run_dir, inp.summary, inp.cands, inp.src) or {}
         chosen = _stratified(eligible, k, stratum)
-        if plan.stratify == "data_windows":
-            from .attribution import find_lineage
+        _note_strata(inp, stratum, chosen, table)
+    _note_selection(inp, ranking, checks, one_probe, eligible, chosen)
+    pos = {c: i + 1 for i, c in enumerate(chosen)}
+    table["selected"] = [c in pos for c in inp.order]
+    table["shortlist_position"] = [pos.get(c, np.nan) for c in inp.order]
+    return _Choice(eligible=eligible, chosen=chosen, stratum=stratum, pos=pos)
 
-            table["data_window"] = [stratum.get(c, "") for c in order]
-            notes.append(f"stratified by data window ({find_lineage(run.run_dir)}): the best eligible checkpoint of "
+
+def _note_strata(inp: _Inputs, stratum: dict[str, str], chosen: list[str], table: pd.DataFrame) -> None:
+    """The ``data_window`` / ``stratum`` column and the note on how the strata shaped the shortlist."""
+    order, cands, plan = inp.order, inp.cands, inp.plan
+    if plan.stratify == "data_windows":
+        from .attribution import find_lineage
+
+        table["data_window"] = [stratum.get(c, "") for c in order]
+        inp.notes.append(f"stratified by data window ({find_lineage(inp.run.run_dir)}): the best eligible checkpoint of "
                          f"each window is shortlisted before any second one from the same window "
                          f"({len({stratum[c] for c in chosen})} window(s) among the {len(chosen)} shortlisted).")
-        else:
-            table["stratum"] = [stratum.get(c, "") for c in order]
-            labels = list(dict.fromkeys(stratum[c] for c in cands))
-            notes.append(f"stratified by {plan.stratify} range ({len(labels)} strata fixed by the plan before the scores: "
+    else:
+        table["stratum"] = [stratum.get(c, "") for c in order]
+        labels = list(dict.fromkeys(stratum[c] for c in cands))
+        inp.notes.append(f"stratified by {plan.stratify} range ({len(labels)} strata fixed by the plan before the scores: "
                          f"{', '.join(labels)}): the best eligible checkpoint of each stratum is shortlisted before any "
                          f"second one from the same stratum ({len({stratum[c] for c in chosen})} strata among the "
                          f"{len(chosen)} shortlisted).")
+
+
+def _note_selection(inp: _Inputs, ranking: _Ranking, checks: _Checks, one_probe: dict[str, str],
+                    eligible: list[str], chosen: list[str]) -> None:
+    """Notes on a tie at the cut, a shortlist shorter than k and too few ranked candidates."""
+    ranks, agg, k, n, plan = ranking.ranks, ranking.agg, inp.plan.k, ranking.n, inp.plan
     if len(eligible) > k:
         a, b = eligible[k - 1], eligible[k]
         if agg[a] == agg[b] and ranks.loc[a].max() == ranks.loc[b].max():
-            notes.append(f"tie at the cut: {a} and {b} have the same {plan.aggregation} ({agg[a]:.3g}) and worst rank; "
-                         f"the earlier step was kept. Treat both as shortlisted for pilot SFT if budget allows.")
+            inp.notes.append(f"tie at the cut: {a} and {b} have the same {plan.aggregation} ({agg[a]:.3g}) and worst "
+                             f"rank; the earlier step was kept. Treat both as shortlisted for pilot SFT if budget allows.")
     if len(chosen) < k:
-        passing = [c for c in cands if complete[c] and not fails[c]]
+        passing = [c for c in inp.cands if ranking.complete[c] and not checks.fails[c]]
         opw = [c for c in passing if c in one_probe]
-        notes.append(f"only {len(chosen)} checkpoint(s) are eligible; the shortlist is shorter than k={k}: "
-                     f"{len(passing)} of {len(cands)} candidates have a value on every proxy and pass the constraints"
-                     + (f", and {len(opw)} of them ({', '.join(opw)}) are excluded as one-probe winners" if opw else "")
-                     + ".")
+        inp.notes.append(f"only {len(chosen)} checkpoint(s) are eligible; the shortlist is shorter than k={k}: "
+                         f"{len(passing)} of {len(inp.cands)} candidates have a value on every proxy and pass the "
+                         f"constraints"
+                         + (f", and {len(opw)} of them ({', '.join(opw)}) are excluded as one-probe winners" if opw else "")
+                         + ".")
     if n and n <= k:
-        notes.append(f"only {n} ranked candidates for k={k}: the shortlist does not discriminate.")
-    pos = {c: i + 1 for i, c in enumerate(chosen)}
-    table["selected"] = [c in pos for c in order]
-    table["shortlist_position"] = [pos.get(c, np.nan) for c in order]
+        inp.notes.append(f"only {n} ranked candidates for k={k}: the shortlist does not discriminate.")
 
+
+def _reasons(inp: _Inputs, ranking: _Ranking, checks: _Checks, one_probe: dict[str, str], choice: _Choice,
+             table: pd.DataFrame) -> tuple[dict[str, str], dict[str, str]]:
+    """Stage 6: every checkpoint's reason, and the reasons of the candidates left out."""
+    ranks, cands, plan = ranking.ranks, set(inp.cands), inp.plan
     reasons, excluded = {}, {}
-    for c in order:
-        if c not in set(cands):
+    for c in inp.order:
+        if c not in cands:
             reasons[c] = "not a candidate: the plan's `candidates:` list leaves it out."
-        elif not complete[c]:
+        elif not ranking.complete[c]:
             missing = [p for p in ranks.columns if pd.isna(ranks.loc[c, p])]
             reasons[c] = f"excluded: no value on proxy {', '.join(missing)}."
         elif c in one_probe:
             reasons[c] = f"excluded as a one-probe winner: {one_probe[c]}."
-        elif fails[c]:
-            reasons[c] = "excluded: " + "; ".join(fails[c]) + "."
-        elif c in pos:
-            what = "data window" if plan.stratify == "data_windows" else "stratum"
-            why = f" as the best of {what} {stratum[c]!r}" if stratum and c not in eligible[:k] else ""
-            parts = [f"shortlisted #{pos[c]}{why}: {plan.aggregation.replace('_', ' ')} {agg[c]:.3g} over {len(ranks.columns)} "
-                     f"proxies among {n} candidates (" + ", ".join(f"{p} rank {ranks.loc[c, p]:g}" for p in ranks.columns) + ")"]
-            for pid, frac in stability.items():
-                if pd.notna(frac[c]):
-                    parts.append(f"top {k} on {frac[c]:.0%} of {pid.split(':')[0].split('/')[0]} variants")
-            if passes_notes[c]:
-                parts.append("passes " + ", ".join(passes_notes[c]))
-            reasons[c] = "; ".join(parts) + "."
+        elif checks.fails[c]:
+            reasons[c] = "excluded: " + "; ".join(checks.fails[c]) + "."
+        elif c in choice.pos:
+            reasons[c] = _shortlisted_reason(c, inp, ranking, checks, choice)
         else:
-            reasons[c] = (f"not shortlisted: {plan.aggregation.replace('_', ' ')} {agg[c]:.3g} is behind the {len(chosen)} "
-                          "shortlisted checkpoints.")
-        if not table.loc[c, "selected"] and c in set(cands):
+            reasons[c] = (f"not shortlisted: {plan.aggregation.replace('_', ' ')} {ranking.agg[c]:.3g} is behind the "
+                          f"{len(choice.chosen)} shortlisted checkpoints.")
+        if not table.loc[c, "selected"] and c in cands:
             excluded[c] = reasons[c]
-    table["reason"] = [reasons[c] for c in order]
+    return reasons, excluded
 
-    lead = ["step", "tokens", "candidate", "selected", "shortlist_position", plan.aggregation, "aggregate_rank",
-            "worst_rank", "one_probe_winner", "passes_constraints", "reason"]
-    rest = [c for c in table.columns if c not in lead]
-    table = table[lead + rest].reset_index()
 
-    out = Path(out_dir) if out_dir is not None else run.run_dir
+def _shortlisted_reason(c: str, inp: _Inputs, ranking: _Ranking, checks: _Checks, choice: _Choice) -> str:
+    """Why ``c`` is shortlisted: its position, aggregate, proxy ranks, variant stability and constraints passed."""
+    plan, k, ranks, stratum = inp.plan, inp.plan.k, ranking.ranks, choice.stratum
+    what = "data window" if plan.stratify == "data_windows" else "stratum"
+    why = f" as the best of {what} {stratum[c]!r}" if stratum and c not in choice.eligible[:k] else ""
+    parts = [f"shortlisted #{choice.pos[c]}{why}: {plan.aggregation.replace('_', ' ')} {ranking.agg[c]:.3g} over "
+             f"{len(ranks.columns)} proxies among {ranking.n} candidates ("
+             + ", ".join(f"{p} rank {ranks.loc[c, p]:g}" for p in ranks.columns) + ")"]
+    for pid, frac in ranking.stability.items():
+        if pd.notna(frac[c]):
+            parts.append(f"top {k} on {frac[c]:.0%} of {pid.split(':')[0].split('/')[0]} variants")
+    if checks.passes[c]:
+        parts.append("passes " + ", ".join(checks.passes[c]))
+    return "; ".join(parts) + "."
+
+
+def _write(inp: _Inputs, table: pd.DataFrame, ranking: _Ranking, one_probe: dict[str, str], choice: _Choice,
+           reasons: dict[str, str], out: Path) -> tuple[Path, Path]:
+    """Stage 7: ``shortlist.csv`` and ``shortlist.json`` (atomic writes) in ``out``."""
+    run, plan_path = inp.run, inp.plan_path
     csv_path, json_path = out / "shortlist.csv", out / "shortlist.json"
     atomic_write_csv(csv_path, table)
     man = base_manifest("shortlist", {"run_dir": str(run.run_dir), "plan": str(plan_path)})
     man.update(
-        plan=plan.to_dict(),
+        plan=inp.plan.to_dict(),
         plan_sha256=sha256_file(Path(plan_path)),
-        plan_locked=lock_state["locked"],
-        post_hoc=lock_state["post_hoc"],
+        plan_locked=inp.lock_state["locked"],
+        post_hoc=inp.lock_state["post_hoc"],
         summary_sha256=sha256_file(run.run_dir / "summary.csv"),
         run_created_utc=(run.manifest or {}).get("created_utc"),
-        n_candidates=len(cands),
-        selected=[{"checkpoint": c, "step": steps.get(c), "position": pos[c], "aggregate": float(agg[c]),
-                   "reason": reasons[c]} for c in chosen],
+        n_candidates=len(inp.cands),
+        selected=[{"checkpoint": c, "step": inp.steps.get(c), "position": choice.pos[c],
+                   "aggregate": float(ranking.agg[c]), "reason": reasons[c]} for c in choice.chosen],
         one_probe_winners=one_probe,
-        notes=notes,
+        notes=inp.notes,
         table="shortlist.csv",
     )
     atomic_write_json(json_path, man)
-    return ShortlistResult(table=table, selected=chosen, notes=notes, plan=plan, csv_path=csv_path,
-                           json_path=json_path, excluded=excluded)
+    return csv_path, json_path
 
 
 def _lock_state(run_dir: Path, plan_path: Path) -> dict[str, Any]:
