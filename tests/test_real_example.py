@@ -1,5 +1,6 @@
 """The shipped real example (recipes/real/, issue 24 item 6) end to end through `probeselect run`, offline, on a
-tiny random GPT-NeoX ladder laid out as the Hub revisions of the example's repo in an HF cache; and the
+tiny random ladder of each architecture of the issue (GPT-2, GPT-NeoX, OLMo2, Llama with a 512-token context)
+laid out as the Hub revisions of the example's repo in an HF cache; and the
 report/run-summary wording for non-toy ladders (the issue's "toy leftovers")."""
 
 from __future__ import annotations
@@ -13,27 +14,47 @@ from pathlib import Path
 import pytest
 import yaml
 
+from test_architectures import ARCHS
 from test_hub import build_hf_cache
 
 REPO = Path(__file__).resolve().parents[1]
 TOY_WORDING = [r"toy world", r"recipes/confirm\.yaml", r"not configured", r"data_lineage", r"\btoy\b"]
 
 
-def _tiny_neox_ladder(root: Path, tokenizer_from: Path, revisions: list[str]) -> dict[str, Path]:
-    """One random GPT-NeoX model per revision (seed = position), saved with the toy tokenizer."""
+#: one tiny random ladder per architecture of the issue's trial, each with the context length of its real
+#: family (GPT-2 1024 learned positions, Pythia 2048, OLMo2 4096) and Llama cut to 512 tokens, where the real
+#: probes overflow (run.yaml's ``on_overflow: truncate`` cuts them, counted in the report). The Llama case's
+#: tokenizer carries a chat template of its own, as a chat-tuned Llama's does: the recipe's
+#: ``data.chat_template`` wins for SFT and evaluation alike.
+LADDERS = {
+    "gpt2": ("gpt2", dict(ARCHS["gpt2"], n_positions=1024)),
+    "gpt_neox": ("gpt_neox", dict(ARCHS["gpt_neox"], max_position_embeddings=2048)),
+    "olmo2": ("olmo2", dict(ARCHS["olmo2"], max_position_embeddings=4096)),
+    "llama512": ("llama", dict(ARCHS["llama"], max_position_embeddings=512)),
+}
+#: a Llama-3-style chat template (header tokens spelled out: the toy tokenizer has no special ones)
+LLAMA_CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|start|>{{ m['role'] }}<|end|>\n\n"
+                       "{{ m['content'] }}<|eot|>{% endfor %}{% if add_generation_prompt %}<|start|>assistant<|end|>"
+                       "\n\n{% endif %}")
+
+
+def _tiny_ladder(root: Path, tokenizer_from: Path, revisions: list[str], arch: str, kw: dict,
+                 chat_template: str | None = None) -> dict[str, Path]:
+    """One random ``arch`` model per revision (seed = position), saved with the toy tokenizer."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from probeselect.score import load_tokenizer
 
     tok = load_tokenizer(tokenizer_from)
+    if chat_template:
+        tok.chat_template = chat_template
     out = {}
     for i, rev in enumerate(revisions):
         torch.manual_seed(i)
-        cfg = AutoConfig.for_model("gpt_neox", vocab_size=len(tok), bos_token_id=tok.bos_token_id,
-                                   eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, hidden_size=32,
-                                   intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                   max_position_embeddings=2048, initializer_range=0.3)
+        cfg = AutoConfig.for_model(arch, vocab_size=len(tok), bos_token_id=tok.bos_token_id,
+                                   eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                                   initializer_range=0.3, **kw)
         d = root / rev
         AutoModelForCausalLM.from_config(cfg).save_pretrained(d)
         tok.save_pretrained(d)
@@ -42,17 +63,26 @@ def _tiny_neox_ladder(root: Path, tokenizer_from: Path, revisions: list[str]) ->
 
 
 @pytest.mark.slow
-def test_real_example_runs_offline_on_a_hub_ladder(tmp_path, ladder_checkpoints):
+@pytest.mark.parametrize("case", list(LADDERS))
+def test_real_example_runs_offline_on_a_hub_ladder(case, tmp_path, ladder_checkpoints):
+    """The issue's newcomer trial per architecture: the shipped recipes/real files as they are, offline from an
+    HF cache, chat-format data, no workaround; only sizes are cut (items, seeds, SFT steps) and the device pinned."""
+    arch, kw = LADDERS[case]
     cfg = yaml.safe_load((REPO / "recipes" / "real" / "run.yaml").read_text())
     repo, revisions = cfg["ladder"]["repo"], cfg["ladder"]["revisions"]
     cache = tmp_path / "hf" / "hub"
-    shas = build_hf_cache(cache, repo, _tiny_neox_ladder(tmp_path / "models", ladder_checkpoints[-1], revisions))
+    models = _tiny_ladder(tmp_path / "models", ladder_checkpoints[-1], revisions, arch, kw,
+                          chat_template=LLAMA_CHAT_TEMPLATE if arch == "llama" else None)
+    shas = build_hf_cache(cache, repo, models)
     out = tmp_path / "out"
     small = "[budget.optimizer_steps=2, eval.every=0, transfer.max_new_tokens=2]"
     env = dict(os.environ, HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO / "src"))
-    # the shipped files as they are; only sizes are cut (items, seeds, SFT steps) and the device pinned
+    probes = ["real_successive", "real_repetitive"]
+    extra = []
+    if case == "llama512":  # the trial's overflow: real_flipped's prompts do not fit 512 tokens, nor does the audit
+        probes, extra = probes + ["real_flipped"], ["score.audit_items=2"]
     cmd = [sys.executable, "-m", "probeselect", "run", "recipes/real/run.yaml", f"out={out}", "device=cpu",
-           "score.seeds=[0]", "score.n_items=2", "score.probes=[real_successive, real_repetitive]",
+           "score.seeds=[0]", "score.n_items=2", f"score.probes=[{', '.join(probes)}]", *extra,
            f"pilot.overrides={small}", f"confirm.overrides={small}", "--no-progress"]
     res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -71,6 +101,8 @@ def test_real_example_runs_offline_on_a_hub_ladder(tmp_path, ladder_checkpoints)
     assert "Recipe `recipes/real/confirm.yaml`" in report  # the example's own confirmation recipe
     pilot = (out / "score" / "pilot")
     assert (pilot / "transfer.csv").is_file() and len(list(pilot.glob("step*/seed*/done.json"))) == 3 * 3
+    cut = "Context limit (the model's own, on_overflow truncate): prompts cut from the left to fit"
+    assert (cut in report) == (case == "llama512"), [ln for ln in report.splitlines() if "Context limit" in ln]
 
 
 # -- the toy leftovers, each on its own (cheap) -----------------------------------------------------------

@@ -22,7 +22,7 @@ def _cmd_toy_ladder(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     info = build_toy_ladder(
         args.out_dir, seed=args.seed, steps=args.steps, save_every=args.save_every, progress=not args.no_progress,
-        curriculum=args.curriculum, num_threads=args.threads,
+        curriculum=args.curriculum, num_threads=args.threads, arch=args.arch,
     )
     acc = getattr(info, "final_accuracy", None)
     print(f"toy ladder written to {args.out_dir} in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
@@ -226,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "probe uses); writes OUT_DIR/data_lineage.json")
     t.add_argument("--threads", type=int, default=None,
                    help="torch threads (default 1 or $PROBESELECT_TOY_THREADS; fixed so rebuilds are byte-identical)")
+    t.add_argument("--arch", default="llama", choices=["llama", "gpt_neox", "gpt2", "olmo2"],
+                   help="model family (default llama): the same corpus, tokenizer and curriculum on a same-size "
+                        "GPT-NeoX (Pythia), GPT-2 or OLMo2 model")
     t.add_argument("--no-progress", action="store_true", help="hide progress bars")
     t.set_defaults(func=_cmd_toy_ladder)
 

@@ -224,3 +224,57 @@ def test_full_default_ladder_shows_the_planted_dip(full_ladder, tmp_path):
     verdict = check_planted_dip(res.scores, res.summary, ladder / "data_lineage.json")
     print(verdict["windows"])
     assert verdict["pass"], verdict["windows"]
+
+
+@pytest.mark.parametrize("arch,cls", [("gpt_neox", "GPTNeoXForCausalLM"), ("gpt2", "GPT2LMHeadModel"),
+                                      ("olmo2", "Olmo2ForCausalLM")])
+def test_toy_ladder_in_another_architecture_builds_loads_and_scores(arch, cls, tmp_path):
+    """`toy-ladder --arch`: the same corpus and tokenizer on a same-size model of another family, saved as
+    checkpoints that load with from_pretrained and score (span margins) like any other ladder."""
+    import math
+
+    from transformers import AutoModelForCausalLM
+
+    from probeselect.probes import spec_from_dict
+    from probeselect.score import score_checkpoints
+    from probeselect.toy.ladder import DEFAULT_MODEL_CONFIG
+
+    out = tmp_path / arch
+    info = build_toy_ladder(out, seed=0, steps=2, save_every=2, progress=False, arch=arch,
+                            train_overrides={"warmup_steps": 1, "corpus_docs": 400})
+    summary = json.loads((out / "ladder.json").read_text())
+    assert summary["model"]["architecture"] == cls == info.model_config["architecture"]
+    model = AutoModelForCausalLM.from_pretrained(out / "checkpoint-2")
+    assert type(model).__name__ == cls and model.config.model_type == arch
+    assert model.config.hidden_size == DEFAULT_MODEL_CONFIG["hidden_size"]
+    assert model.config.num_hidden_layers == DEFAULT_MODEL_CONFIG["num_hidden_layers"]
+    assert model.config.max_position_embeddings == DEFAULT_MODEL_CONFIG["max_position_embeddings"]
+    assert math.isfinite(info.checkpoints[-1].train_loss)
+    res = score_checkpoints(out, [spec_from_dict({"family": "arith_pattern", "n_items": 2, "n_demos": 2})],
+                            seeds=[0], device="cpu", audit_items=0, progress=False)
+    assert set(res.scores["checkpoint"]) == {"checkpoint-2"}
+    assert len(res.scores) and res.scores["margin"].notna().all()
+
+
+def test_toy_ladder_arch_is_checked(tmp_path):
+    from probeselect.errors import UsageError
+
+    with pytest.raises(UsageError, match="unknown --arch 'bert'.*gpt_neox"):
+        build_toy_ladder(tmp_path / "x", steps=2, arch="bert")
+    with pytest.raises(UsageError, match="grouped-query"):
+        build_toy_ladder(tmp_path / "x", steps=2, arch="gpt2",
+                         model_overrides={"num_key_value_heads": 2})
+    assert not (tmp_path / "x").exists()  # refused before anything is written
+
+
+def test_toy_ladder_cli_passes_arch(tmp_path, monkeypatch):
+    import probeselect.toy.ladder as ladder_mod
+    from probeselect.cli import build_parser, main
+
+    seen = []
+    monkeypatch.setattr(ladder_mod, "build_toy_ladder", lambda out, **kw: seen.append(kw["arch"]))
+    assert main(["toy-ladder", str(tmp_path), "--arch", "gpt_neox", "--no-progress"]) == 0
+    assert main(["toy-ladder", str(tmp_path), "--no-progress"]) == 0
+    assert seen == ["gpt_neox", "llama"]  # llama stays the default
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices["toy-ladder"]
+    assert tuple(next(a for a in sub._actions if a.dest == "arch").choices) == ladder_mod.TOY_ARCHS

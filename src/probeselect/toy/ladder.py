@@ -1,4 +1,4 @@
-"""Pretrain a tiny Llama-architecture LM on the toy world and save a checkpoint ladder.
+"""Pretrain a tiny LM on the toy world and save a checkpoint ladder (Llama; GPT-NeoX, GPT-2, OLMo2 with ``arch``).
 
 Entry point: :func:`build_toy_ladder`.  Everything runs on CPU in under three minutes
 on two cores with the defaults (see :data:`DEFAULT_STEPS` and the README); the final
@@ -67,6 +67,35 @@ DEFAULT_MODEL_CONFIG = {
     "rms_norm_eps": 1e-5,
     "initializer_range": 0.02,
 }
+
+#: Architectures a toy ladder can be trained in (``arch=``, ``toy-ladder --arch``): the same toy
+#: corpus, tokenizer and curriculum on a same-size model (:data:`DEFAULT_MODEL_CONFIG`'s shape) of
+#: another family found in real ladders. ``llama`` is the default.
+TOY_ARCHS = ("llama", "gpt_neox", "gpt2", "olmo2")
+
+
+def _arch_config_kwargs(arch: str, mcfg: dict) -> dict:
+    """:data:`DEFAULT_MODEL_CONFIG`-style keys (Llama names) as ``arch``'s own config keys.
+
+    GPT-2 and GPT-NeoX use LayerNorm (``rms_norm_eps`` becomes its epsilon) and have no
+    grouped-query attention (``num_key_value_heads`` must equal the head count); GPT-2's
+    dropouts are set to 0 as the other families have none by default. OLMo2 takes Llama's keys."""
+    if arch in ("llama", "olmo2"):
+        return dict(mcfg)
+    m = dict(mcfg)
+    kv = m.pop("num_key_value_heads", None)
+    if kv is not None and kv != m.get("num_attention_heads"):
+        raise UsageError(f"toy-ladder: {arch} has no grouped-query attention; num_key_value_heads ({kv}) must "
+                         f"equal num_attention_heads ({m.get('num_attention_heads')}).")
+    eps = m.pop("rms_norm_eps", None)
+    if arch == "gpt_neox":
+        return {**m, **({} if eps is None else {"layer_norm_eps": eps})}
+    names = {"hidden_size": "n_embd", "intermediate_size": "n_inner", "num_hidden_layers": "n_layer",
+             "num_attention_heads": "n_head", "max_position_embeddings": "n_positions"}
+    out = {names.get(k, k): v for k, v in m.items()}
+    if eps is not None:
+        out["layer_norm_epsilon"] = eps
+    return {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, **out}
 
 
 @dataclass(frozen=True)
@@ -409,6 +438,7 @@ def build_toy_ladder(
     num_threads: int | None = None,
     curriculum=None,
     on_save=None,
+    arch: str = "llama",
 ) -> LadderInfo:
     """Build the toy checkpoint ladder in ``out_dir``.
 
@@ -449,13 +479,18 @@ def build_toy_ladder(
             :func:`probeselect.integrations.score_checkpoint_now` while the ladder is still
             being built (docs/watching.md). Its return value is ignored; it must not change
             the model (the weights it sees on disk are those saved).
+        arch: model family, one of :data:`TOY_ARCHS` (default ``"llama"``): the same
+            corpus, tokenizer and curriculum on a same-size model of that family.
     """
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     from .._io import atomic_write_json
     from .data import write_toy_data
 
     t0 = time.time()
+    if arch not in TOY_ARCHS:
+        raise UsageError(f"toy-ladder: unknown --arch {arch!r}; choose one of {', '.join(TOY_ARCHS)}.")
+    mcfg = _arch_config_kwargs(arch, {**DEFAULT_MODEL_CONFIG, **(model_overrides or {})})
     builtin = curriculum is None or (isinstance(curriculum, str) and curriculum in BUILTIN_CURRICULA)
     if steps is None and (builtin or isinstance(curriculum, Curriculum)):
         steps = DEFAULT_STEPS if builtin else curriculum.steps
@@ -499,16 +534,15 @@ def build_toy_ladder(
         n_rows = sum(d.shape[0] for d, _ in win_data)
 
         torch.manual_seed(seed)
-        mcfg = dict(DEFAULT_MODEL_CONFIG)
-        mcfg.update(model_overrides or {})
-        config = LlamaConfig(
+        config = AutoConfig.for_model(
+            arch,
             vocab_size=len(tokenizer),
             bos_token_id=tokenizer.bos_token_id,
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
             **mcfg,
         )
-        model = LlamaForCausalLM(config)
+        model = AutoModelForCausalLM.from_config(config)
         model.generation_config = GenerationConfig(
             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id, do_sample=False,
@@ -516,8 +550,11 @@ def build_toy_ladder(
         n_params = sum(p.numel() for p in model.parameters())
 
         decay, no_decay = [], []
+        # no weight decay on norms, biases and embeddings (token and learned position embeddings:
+        # Llama's embed_tokens, GPT-NeoX's embed_in, GPT-2's wte/wpe)
+        emb = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
         for name, p in model.named_parameters():
-            (decay if p.ndim >= 2 and "embed" not in name else no_decay).append(p)
+            (decay if p.ndim >= 2 and "embed" not in name and id(p) not in emb else no_decay).append(p)
         opt = torch.optim.AdamW(
             [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=cfg.lr, betas=tuple(cfg.betas), eps=1e-8, foreach=True,
@@ -646,7 +683,7 @@ def build_toy_ladder(
             "heldout_arith_eval": {"fmt": "eq", "shots": cfg.eval_shots, "n": len(world.arith_heldout),
                                    "checkpoint": f"checkpoint-{steps}", "decoding": "greedy"},
             "arith_max_operand": world.arith_max_operand,
-            "model": {"architecture": "LlamaForCausalLM", "n_params": n_params, "vocab_size": len(tokenizer), **mcfg},
+            "model": {"architecture": type(model).__name__, "n_params": n_params, "vocab_size": len(tokenizer), **mcfg},
             "train": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
             "corpus": {"docs": len(docs), "sha256": corpus_sha, "packed_rows": n_rows,
                        "tokens": n_rows * cfg.seq_len, "epochs": round(rows_used / n_rows, 3)},
