@@ -104,7 +104,7 @@ def test_callback_probe_scalars_reach_tensorboard_via_report_to(tmp_path, ladder
         if f"train/probes/arith_pattern/{v}/margin" in ea.Tags()["scalars"] else \
         [(e.step, e.value) for e in ea.Scalars(f"probes/arith_pattern/{v}/margin")]
     want = summary[(summary["family"] == "arith_pattern") & (summary["variant"].astype(str) == v)]
-    assert [s for s, _ in got] == [2, 4]
+    assert [s for s, _ in got] == [2, 4], (events, ea.Tags()["scalars"], got)
     assert [x for _, x in got] == pytest.approx(want.sort_values("step")["mean_margin"].tolist(), rel=1e-6)
 
 
