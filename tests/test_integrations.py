@@ -97,14 +97,18 @@ def test_callback_probe_scalars_reach_tensorboard_via_report_to(tmp_path, ladder
     summary = pd.read_csv(tmp_path / "run" / "summary.csv")
     events = sorted((tmp_path / "train").rglob("events.out.tfevents.*"))
     assert events, "report_to=tensorboard wrote no event files"
-    ea = EventAccumulator(str(events[0].parent))
-    ea.Reload()
     v = str(summary.loc[summary["family"] == "arith_pattern", "variant"].iloc[0])
-    got = [(e.step, e.value) for e in ea.Scalars(f"train/probes/arith_pattern/{v}/margin")] \
-        if f"train/probes/arith_pattern/{v}/margin" in ea.Tags()["scalars"] else \
-        [(e.step, e.value) for e in ea.Scalars(f"probes/arith_pattern/{v}/margin")]
+    got, tags = {}, set()
+    for ev in events:  # every event file: a writer re-opened after train end starts a new file in the same folder
+        ea = EventAccumulator(str(ev))
+        ea.Reload()
+        tags |= set(ea.Tags()["scalars"])
+        for tag in (f"train/probes/arith_pattern/{v}/margin", f"probes/arith_pattern/{v}/margin"):
+            if tag in ea.Tags()["scalars"]:
+                got.update({e.step: e.value for e in ea.Scalars(tag)})
+    got = sorted(got.items())
     want = summary[(summary["family"] == "arith_pattern") & (summary["variant"].astype(str) == v)]
-    assert [s for s, _ in got] == [2, 4], (events, ea.Tags()["scalars"], got)
+    assert [s for s, _ in got] == [2, 4], (events, sorted(tags), got)
     assert [x for _, x in got] == pytest.approx(want.sort_values("step")["mean_margin"].tolist(), rel=1e-6)
 
 
