@@ -88,28 +88,46 @@ def test_score_checkpoint_now_reports_a_deleted_checkpoint(tmp_path, arith_spec)
 @pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None,
                     reason="the tensorboard package is not installed (pip install 'probeselect[tensorboard]')")
 def test_callback_probe_scalars_reach_tensorboard_via_report_to(tmp_path, ladder_checkpoints, arith_spec, monkeypatch):
+    _tensorboard_read_back(tmp_path, ladder_checkpoints, arith_spec, monkeypatch, background=False)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None,
+                    reason="the tensorboard package is not installed (pip install 'probeselect[tensorboard]')")
+def test_background_results_logged_at_train_end_reach_the_open_tensorboard_writer(tmp_path, ladder_checkpoints,
+                                                                                   arith_spec, monkeypatch):
+    """In background mode the last checkpoint's scalars are logged in on_train_end; the callback runs before the
+    TensorBoard integration closes its writer, so they land in the run's one event file (not a second writer's)."""
+    events = _tensorboard_read_back(tmp_path, ladder_checkpoints, arith_spec, monkeypatch, background=True)
+    assert len(events) == 1, events
+
+
+def _tensorboard_read_back(tmp_path, ladder_checkpoints, arith_spec, monkeypatch, *, background):
     monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "train" / "tb"))  # transformers 5; older: runs/
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     trainer = _trainer(tmp_path, ladder_checkpoints[-1], report_to=["tensorboard"])
-    add_probe_callback(trainer, [arith_spec], tmp_path / "run", **FAST)
+    add_probe_callback(trainer, [arith_spec], tmp_path / "run", background=background, **FAST)
     trainer.train()
     summary = pd.read_csv(tmp_path / "run" / "summary.csv")
     events = sorted((tmp_path / "train").rglob("events.out.tfevents.*"))
     assert events, "report_to=tensorboard wrote no event files"
     v = str(summary.loc[summary["family"] == "arith_pattern", "variant"].iloc[0])
-    got, tags = {}, set()
-    for ev in events:  # every event file: a writer re-opened after train end starts a new file in the same folder
+    margins, ckpt_steps, tags = [], [], set()
+    for ev in events:  # every event file: a writer re-opened after train end would start a second file
         ea = EventAccumulator(str(ev))
         ea.Reload()
         tags |= set(ea.Tags()["scalars"])
-        for tag in (f"train/probes/arith_pattern/{v}/margin", f"probes/arith_pattern/{v}/margin"):
-            if tag in ea.Tags()["scalars"]:
-                got.update({e.step: e.value for e in ea.Scalars(tag)})
-    got = sorted(got.items())
+        for pre in ("train/", ""):
+            if f"{pre}probes/arith_pattern/{v}/margin" in ea.Tags()["scalars"]:
+                margins += [(e.wall_time, e.step, e.value) for e in ea.Scalars(f"{pre}probes/arith_pattern/{v}/margin")]
+                ckpt_steps += [(e.wall_time, e.value) for e in ea.Scalars(f"{pre}probes/checkpoint_step")]
+    margins, ckpt_steps = sorted(margins), sorted(ckpt_steps)
     want = summary[(summary["family"] == "arith_pattern") & (summary["variant"].astype(str) == v)]
-    assert [s for s, _ in got] == [2, 4], (events, sorted(tags), got)
-    assert [x for _, x in got] == pytest.approx(want.sort_values("step")["mean_margin"].tolist(), rel=1e-6)
+    assert [c for _, c in ckpt_steps] == [2, 4], (events, sorted(tags), ckpt_steps)
+    assert [x for _, _, x in margins] == pytest.approx(want.sort_values("step")["mean_margin"].tolist(), rel=1e-6)
+    if not background:  # scored inside on_save: logged at the checkpoint's own step
+        assert [s for _, s, _ in margins] == [2, 4], margins
+    return events
 
 
 _TWO_RANKS = """

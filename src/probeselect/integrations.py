@@ -250,6 +250,13 @@ def add_probe_callback(trainer, probes: Sequence, out: str | Path, **kwargs: Any
     """Create a :class:`ProbeCallback`, bind it to ``trainer`` and add it; returns it."""
     cb = ProbeCallback(probes, out, **kwargs).bind(trainer)
     trainer.add_callback(cb)
+    # Run before the reporting integrations (TensorBoard, W&B, ...): in background mode the last results are
+    # logged in on_train_end, which must happen before those integrations close their writers in theirs.
+    cbs = trainer.callback_handler.callbacks
+    first = next((i for i, c in enumerate(cbs) if type(c).__module__.startswith("transformers.integrations")), None)
+    if first is not None:
+        cbs.remove(cb)
+        cbs.insert(first, cb)
     return cb
 
 
