@@ -53,7 +53,7 @@ from ..errors import ManifestMismatchError, NonfiniteGradientError, RecipeError
 from .data import IGNORE, EncodedExample, collate
 from .diagnostics import SpikeDetector, UpdateNorms, grad_norms_many, summarize_layer_norms
 from .loop import (TrainResult, _append_row, _base_forward_nonfinite, _make_accelerator, _now, _read_rows,
-                   _summary, _train_seed, init_seed, lr_factor)
+                   _summary, _train_seed, init_seed, make_optimizer)
 from .manifest import compare_manifests, manifest_hash
 from .recipe import Recipe
 from .state import latest_state, load_state, rng_state, save_state, set_rng_state
@@ -356,14 +356,8 @@ def train_seeds(base: str | Path, recipe: Recipe, seeds: Sequence[int], run_dirs
             layers[path][0].append(a)
             layers[path][1].append(b)
         params = [p for _, p in named]
-        groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": opt_cfg.weight_decay},
-                  {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
-        optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=opt_cfg.lr, betas=opt_cfg.betas,
-                                      eps=opt_cfg.eps)
         n_steps = man["n_steps"]
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s, _n=n_steps: lr_factor(s, _n, opt_cfg.warmup_steps, opt_cfg.schedule,
-                                                        opt_cfg.min_lr_ratio))
+        optimizer, scheduler = make_optimizer(params, opt_cfg, n_steps)
         hashes = {"train_sha256": recipe.train_sha256, "manifest_sha256": manifest_hash(man),
                   "base_fingerprint": base_fingerprint}
         runs.append(_Run(k, seed, Path(rd), man, named, optimizer, scheduler, hashes, n_steps))

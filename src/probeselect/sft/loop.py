@@ -74,6 +74,18 @@ def _train_seed(seed: int, rank: int) -> int:
     return int(np.random.SeedSequence([seed, TRAIN_STREAM, rank]).generate_state(1)[0])
 
 
+def make_optimizer(params: list, opt_cfg, n_steps: int):
+    """AdamW with weight decay on matrices only (no decay on biases and norms) and the recipe's LR schedule
+    over ``n_steps`` optimizer steps; shared by the single-run and the batched-seeds loops."""
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": opt_cfg.weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=opt_cfg.lr, betas=opt_cfg.betas,
+                                  eps=opt_cfg.eps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, n_steps, opt_cfg.warmup_steps, opt_cfg.schedule, opt_cfg.min_lr_ratio))
+    return optimizer, scheduler
+
+
 def lr_factor(step: int, total: int, warmup: int, schedule: str, min_ratio: float = 0.0) -> float:
     """Multiplier of the peak lr for 0-based optimizer step ``step``: linear warmup over
     ``warmup`` steps (step 0 gets 1/warmup), then cosine/linear decay to ``min_ratio`` or constant."""
@@ -244,13 +256,8 @@ def train(base: str | Path, recipe: Recipe, seed: int, run_dir: str | Path, *, m
     torch.manual_seed(train_seed)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     params = [p for _, p in named]
-    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": opt_cfg.weight_decay},
-              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=opt_cfg.lr, betas=opt_cfg.betas,
-                                  eps=opt_cfg.eps)
     n_steps = manifest["n_steps"]
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(s, n_steps, opt_cfg.warmup_steps, opt_cfg.schedule, opt_cfg.min_lr_ratio))
+    optimizer, scheduler = make_optimizer(params, opt_cfg, n_steps)
     model, optimizer = acc.prepare(model, optimizer)
     raw_model = acc.unwrap_model(model)
     scaler = acc.scaler  # fp16 on an accelerator only; bf16 and fp32 need none
