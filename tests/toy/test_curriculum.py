@@ -160,7 +160,14 @@ def test_train_settings_parse_scale_and_round_trip():
 
 
 @pytest.mark.parametrize("train, match", [
-    ({"schedule": "linear"}, "one of cosine, wsd"),
+    ({"schedule": "linear"}, "one of cosine, wsd, piecewise"),
+    ({"schedule": "piecewise"}, "go together"),
+    ({"lr_points": [[0, 1], [1, 0.1]]}, "go together"),
+    ({"schedule": "piecewise", "lr_points": [[0, 1]]}, "list of .fraction_of_steps, lr_ratio. pairs"),
+    ({"schedule": "piecewise", "lr_points": [[0.1, 1], [1, 0.1]]}, "from 0 to 1"),
+    ({"schedule": "piecewise", "lr_points": [[0, 1], [0.5, 0.2], [0.5, 0.4], [1, 0.1]]}, "strictly"),
+    ({"schedule": "piecewise", "lr_points": [[0, 1], [1, 1.5]]}, "ratios in .0, 1."),
+    ({"schedule": "piecewise", "lr_points": [[0, 1], [1, "x"]]}, "got the point"),
     ({"decay_fraction": 0}, "out of range"),
     ({"decay_fraction": 1.5}, "out of range"),
     ({"min_lr_ratio": -0.1}, "out of range"),
@@ -172,6 +179,26 @@ def test_train_settings_parse_scale_and_round_trip():
 def test_invalid_train_settings_raise_clear_errors(train, match):
     with pytest.raises(CurriculumError, match=match):
         parse_curriculum({"train": train, "windows": [_win("a", 0, 10)]}, "cur.yaml")
+
+
+def test_piecewise_schedule_rewarms_between_its_points():
+    """``schedule: piecewise``: warmup to the first point's rate, then linear between
+    (fraction_of_steps, lr_ratio) points -- a decay, a re-warm and a second decay (a mid-training
+    stage); the points are fractions, so a scaled curriculum keeps the shape."""
+    from probeselect.toy.ladder import TrainConfig, lr_at
+
+    cur = parse_curriculum({"train": {"schedule": "piecewise", "lr_points": [[0, 1], [0.5, 0.1], [0.6, 0.5], [1, 0.2]]},
+                            "windows": [_win("a", 0, 100)]}, "c.yaml")
+    assert cur.train["lr_points"] == ((0.0, 1.0), (0.5, 0.1), (0.6, 0.5), (1.0, 0.2))
+    assert load_curriculum(cur).train == cur.train                     # round trip through a dict
+    cfg = TrainConfig(**{**cur.train, "lr": 1.0, "warmup_steps": 10})
+    assert lr_at(4, 1000, cfg) == pytest.approx(0.5)                   # warmup towards the first point
+    assert lr_at(250, 1000, cfg) == pytest.approx(0.55)                # halfway down the first decay
+    assert lr_at(500, 1000, cfg) == pytest.approx(0.1)
+    assert lr_at(550, 1000, cfg) == pytest.approx(0.3)                 # re-warming
+    assert lr_at(800, 1000, cfg) == pytest.approx(0.35)                # second decay
+    assert lr_at(999, 1000, cfg) == pytest.approx(0.2, abs=1e-3)
+    assert lr_at(100, 200, cfg) == pytest.approx(lr_at(500, 1000, cfg))   # same shape at any length
 
 
 def test_curriculum_is_selectable_in_a_run_config():

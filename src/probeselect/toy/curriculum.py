@@ -116,8 +116,8 @@ BUILTIN_CURRICULA = {"planted": PLANTED_CURRICULUM, "uniform": UNIFORM_CURRICULU
                      "negative-control": NEGATIVE_CONTROL_CURRICULUM}
 #: Training settings a curriculum may set (its top-level ``train:`` mapping; fields of
 #: :class:`probeselect.toy.ladder.TrainConfig`). ``train_overrides`` of a build win over them.
-TRAIN_KEYS = ("schedule", "decay_fraction", "min_lr_ratio", "lr", "warmup_steps")
-SCHEDULES = ("cosine", "wsd")
+TRAIN_KEYS = ("schedule", "decay_fraction", "min_lr_ratio", "lr", "warmup_steps", "lr_points")
+SCHEDULES = ("cosine", "wsd", "piecewise")
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 _WINDOW_KEYS = {"name", "start_step", "end_step", "mixture", "planted"}
@@ -208,7 +208,13 @@ def _train(raw, source: str) -> dict:
     if bad:
         raise CurriculumError(f"{source}: train: unknown key {bad[0]!r}; keys: {', '.join(TRAIN_KEYS)}.")
     out = {}
+    if ("lr_points" in raw) != (raw.get("schedule") == "piecewise"):
+        raise CurriculumError(f"{source}: train.lr_points and train.schedule: piecewise go together (the points are the "
+                              "piecewise schedule); set both or neither.")
     for k, v in raw.items():
+        if k == "lr_points":
+            out[k] = _lr_points(v, source)
+            continue
         if k == "schedule":
             if v not in SCHEDULES:
                 raise CurriculumError(f"{source}: train.schedule must be one of {', '.join(SCHEDULES)}, got {v!r}.")
@@ -228,6 +234,25 @@ def _train(raw, source: str) -> dict:
             raise CurriculumError(f"{source}: train.{k} out of range ({rng}), got {v!r}.")
         out[k] = float(v)
     return out
+
+
+def _lr_points(raw, source: str) -> tuple[tuple[float, float], ...]:
+    """Validate ``train.lr_points``: ``[[fraction_of_steps, lr_ratio], ...]`` from fraction 0 to 1,
+    fractions strictly increasing, ratios in [0, 1] (fractions, so a scaled curriculum keeps its shape)."""
+    fix = (f"{source}: train.lr_points must be a list of [fraction_of_steps, lr_ratio] pairs, fractions strictly "
+           "increasing from 0 to 1 and ratios in [0, 1], e.g. [[0, 1], [0.6, 0.1], [0.62, 0.5], [1, 0.1]]")
+    if not isinstance(raw, (list, tuple)) or len(raw) < 2:
+        raise CurriculumError(f"{fix}; got {raw!r}.")
+    pts = []
+    for pt in raw:
+        if (not isinstance(pt, (list, tuple)) or len(pt) != 2
+                or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) for x in pt)):
+            raise CurriculumError(f"{fix}; got the point {pt!r}.")
+        pts.append((float(pt[0]), float(pt[1])))
+    fr = [f for f, _ in pts]
+    if fr[0] != 0.0 or fr[-1] != 1.0 or any(b <= a for a, b in zip(fr, fr[1:])) or any(not 0 <= r <= 1 for _, r in pts):
+        raise CurriculumError(f"{fix}; got {[list(p) for p in pts]!r}.")
+    return tuple(pts)
 
 
 def parse_curriculum(raw: Any, source: str = "curriculum", steps: int | None = None) -> Curriculum:

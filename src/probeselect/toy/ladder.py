@@ -111,8 +111,9 @@ class TrainConfig:
             ``short_len = seq_len`` disables this.
         long_every: period (in steps) of the full-length steps.
         lr: peak learning rate of AdamW.
-        schedule: ``"cosine"`` (warmup, cosine decay) or ``"wsd"`` (warmup, constant,
-            linear decay over the last ``decay_fraction`` of the steps).
+        schedule: ``"cosine"`` (warmup, cosine decay), ``"wsd"`` (warmup, constant,
+            linear decay over the last ``decay_fraction`` of the steps) or ``"piecewise"``
+            (warmup, then linear between ``lr_points``).
         decay_fraction: length of the final decay phase of ``"wsd"`` (fraction of steps).
         min_lr_ratio: final learning rate as a fraction of ``lr``.
         warmup_steps: linear warmup length in steps.
@@ -124,6 +125,10 @@ class TrainConfig:
         ema_decay: checkpoints (and the final eval) use an exponential moving average
             of the weights with this decay per step (warmed up as
             ``min(ema_decay, (1 + t) / (10 + t))``); 0 saves the raw weights.
+        lr_points: the ``"piecewise"`` schedule: ``((fraction_of_steps, lr_ratio), ...)`` from
+            fraction 0 to 1; the learning rate is ``lr`` times the ratio interpolated linearly
+            at ``step / total`` (e.g. a first decay, a re-warm and a second decay, as in a
+            mid-training stage).
     """
 
     seq_len: int = 256
@@ -141,6 +146,7 @@ class TrainConfig:
     corpus_docs: int = DEFAULT_CORPUS_DOCS
     eval_shots: int = 4
     ema_decay: float = 0.99
+    lr_points: tuple[tuple[float, float], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -305,7 +311,19 @@ def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
     """Learning rate for optimizer step ``step`` (0-based): linear warmup, then either a
     cosine decay to ``min_lr_ratio * lr`` (``schedule="cosine"``) or a constant phase
     followed by a linear decay over the last ``decay_fraction`` of the steps
-    (``schedule="wsd"``)."""
+    (``schedule="wsd"``), or linear between ``lr_points`` (``schedule="piecewise"``; the
+    warmup ramps to the first point's rate)."""
+    if cfg.schedule == "piecewise":
+        if not cfg.lr_points:
+            raise ValueError("schedule 'piecewise' needs lr_points")
+        if step < cfg.warmup_steps:
+            return cfg.lr * cfg.lr_points[0][1] * (step + 1) / cfg.warmup_steps
+        t = step / max(1, total)
+        pts = cfg.lr_points
+        for (f0, r0), (f1, r1) in zip(pts, pts[1:]):
+            if t <= f1:
+                return cfg.lr * (r0 + (r1 - r0) * (t - f0) / (f1 - f0))
+        return cfg.lr * pts[-1][1]
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     if cfg.schedule == "wsd":
