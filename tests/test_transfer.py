@@ -205,6 +205,25 @@ def test_task_accuracy_counts_exact_matches(model_tok, cfg, tmp_path):
     assert (df.loc[df.metric == "task_accuracy", "value"] == 0.0).all()
 
 
+def test_task_shortcut_rate_tells_the_shortcut_from_a_third_answer(model_tok, cfg, tmp_path):
+    """task_shortcut_rate is 1 on a task whose greedy answer is its ``shortcut`` and 0 on one whose
+    answer is a third string (both failed tasks: accuracy 0); a task without a shortcut has no row."""
+    model, tok = model_tok
+    tasks = load_transfer_items(cfg).tasks[:6]
+    word = tasks[0]["response"].strip().rstrip(".").split()[-1]
+    nl = tok.convert_tokens_to_ids(tok.tokenize("\n"))[0]
+    scripted = _ScriptedModel(model, tok.encode(" " + word, add_special_tokens=False), end=nl)
+    rows = ([{**t, "response": " wrong.", "shortcut": " " + word} for t in tasks[:2]]      # the shortcut won
+            + [{**t, "response": " wrong.", "shortcut": " other"} for t in tasks[2:4]]    # a third answer won
+            + [{k: v for k, v in t.items() if k != "shortcut"} for t in tasks[4:]])       # no shortcut named
+    df = evaluate_transfer(scripted, tok, {"tasks": str(_write_jsonl(tmp_path / "sc.jsonl", rows)),
+                                           "max_new_tokens": 6}, device="cpu")
+    sc = df[df.metric == "task_shortcut_rate"].set_index("item_id")["value"]
+    assert sc.to_dict() == {tasks[0]["id"]: 1.0, tasks[1]["id"]: 1.0, tasks[2]["id"]: 0.0, tasks[3]["id"]: 0.0}
+    assert (df.loc[df.metric == "task_accuracy", "value"].iloc[:4] == 0.0).all()
+    assert summarize_transfer(df).set_index("metric").loc["task_shortcut_rate", "n"] == 4
+
+
 def test_peft_model_matches_merged_model(model_tok, cfg):
     from peft import LoraConfig, get_peft_model
     from probeselect.score import load_model

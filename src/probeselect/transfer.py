@@ -36,6 +36,11 @@ Metrics (long rows ``item_id, kind, metric, value, weight``; direction in bracke
   ``max_new_tokens`` tokens; 1 when :func:`~probeselect.generation.normalize_answer` of the
   generation equals that of the reference response (lowercase, whitespace collapsed,
   surrounding punctuation stripped), else 0.
+* ``task_shortcut_rate`` (lower) -- per transfer task that names its ``shortcut`` (the answer the
+  misleading pattern in its context points to): 1 when the same greedy generation equals the
+  shortcut (normalized alike), else 0. Tasks without a ``shortcut`` have no row. A failed task
+  is either the shortcut or a third answer; this tells the two apart (a conflict probe's
+  margin predicts the first, not a wrong calculation).
 * ``task_logprob`` (higher) -- per transfer task: mean per-token log p(reference response |
   prompt) in nats, from the span scorer (:mod:`probeselect.spans`), without EOS.
 * ``termination`` (higher) -- per transfer task: 1 when that greedy generation ended with
@@ -109,7 +114,8 @@ WEIGHTED_METRICS = ("heldout_loss", "sft_heldout_bpb", "heldout_bpb")
 #: Every metric name evaluate_transfer writes (plans are validated against it at lock).
 METRIC_NAMES: tuple[str, ...] = tuple(TRANSFER_METRIC_NAMES)
 #: Which metrics each part of the suite produces.
-METRICS_BY_PART: dict[str, tuple[str, ...]] = {"tasks": ("task_accuracy", "task_logprob", "termination"),
+METRICS_BY_PART: dict[str, tuple[str, ...]] = {"tasks": ("task_accuracy", "task_logprob", "termination",
+                                                         "task_shortcut_rate"),
                                                "robustness": ("robust_recovery",),
                                                "heldout": ("heldout_loss", "sft_heldout_bpb")}
 ITEM_COLUMNS = ["item_id", "kind", "metric", "value", "weight"]
@@ -696,6 +702,10 @@ def evaluate_transfer(model, tokenizer, transfer_cfg: Mapping[str, Any], *, devi
             out += _rows(items.tasks, "task_accuracy",
                          [normalize_answer(g.text) == normalize_answer(reference_response(t))
                           for g, t in zip(gens, items.tasks)])
+            with_sc = [(g, t) for g, t in zip(gens, items.tasks) if str(t.get("shortcut") or "").strip()]
+            if with_sc:
+                out += _rows([t for _, t in with_sc], "task_shortcut_rate",
+                             [normalize_answer(g.text) == normalize_answer(str(t["shortcut"])) for g, t in with_sc])
             pairs = [encode_pair(encoder(t), context(t), reference_continuation(raw_tokenizer, t, chat_template),
                                  what=f"transfer task {t['id']}")
                      for t in items.tasks]
