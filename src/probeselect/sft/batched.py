@@ -52,8 +52,8 @@ from .._io import atomic_write_json, atomic_write_jsonl
 from ..errors import ManifestMismatchError, NonfiniteGradientError, RecipeError
 from .data import IGNORE, EncodedExample, collate
 from .diagnostics import SpikeDetector, UpdateNorms, grad_norms_many, summarize_layer_norms
-from .loop import (TrainResult, _append_row, _base_forward_nonfinite, _make_accelerator, _now, _read_rows,
-                   _summary, _train_seed, init_seed, make_optimizer)
+from ._runbook import _append_row, _now, _read_rows, _summary
+from .loop import TrainResult, _base_forward_nonfinite, _make_accelerator, _train_seed, init_seed, make_optimizer
 from .manifest import compare_manifests, manifest_hash
 from .recipe import Recipe
 from .state import latest_state, load_state, rng_state, save_state, set_rng_state
