@@ -124,6 +124,9 @@ def test_batched_seeds_equal_single_runs_with_per_run_clipping(tiny_ladder, tmp_
         assert torch.equal(ra["torch"], rb["torch"])
         seg = json.loads((bd / "lineage.json").read_text())["segments"]
         assert seg[0]["batched_seeds"] == SEEDS and seg[0]["status"] == "complete"
+        # one log-row and segment layout (key order included) on both paths; batched adds two segment keys
+        assert [list(r) for r in a] == [list(r) for r in b]
+        assert [k for k in bat[s].lineage[0] if k not in ("batched_seeds", "packed")] == list(single[s].lineage[0])
         assert seg[0]["packed"] is True  # the default layout was used (not the padded fallback)
     print("max relative difference batched vs single:", worst)
 
@@ -384,3 +387,67 @@ def test_padded_batched_seeds_equal_single_runs(tiny_ladder, tmp_path):
             for key in ("loss", "grad_norm_preclip", "clip_coef", "update_norm"):
                 assert _rel(x[key], y[key]) < REL, (s, key, x[key], y[key])
             assert x["sup_tokens"] == y["sup_tokens"]
+
+
+def test_batched_kill_resume_reload_manifests_and_all_skipped(tiny_ladder, tmp_path, monkeypatch):
+    """Per-run bookkeeping of the batched path, in process: a stop inside step 3's ``on_step`` resumes
+    into rows equal to an uninterrupted run's (spike fields from the kept rows' losses included); a
+    finished run reloads without a segment; a data_manifest.json left without a state is replaced, one
+    that no longer matches its state is refused; a run whose every step is skipped is failed alone."""
+    from probeselect.errors import ManifestMismatchError
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        recipe = small_recipe(tiny_ladder, seeds=SEEDS, diagnostics={"spike_window": 4, "spike_min_history": 2,
+                                                                     "spike_threshold": 0.001, "spike_z": 0.5})
+        _, _, _, mans = _setup(tiny_ladder, recipe)
+        stale = tmp_path / "full" / "seed0" / "data_manifest.json"
+        stale.parent.mkdir(parents=True)
+        stale.write_text(json.dumps(mans[1]))  # left over, no state: replaced
+        full = _batched(tiny_ladder, tmp_path / "full", recipe, heldout=None)
+        assert json.loads(stale.read_text()) == mans[0]
+        assert any(r["spike_margin"] is not None for r in full[0].rows[2:4])
+
+        def kill(seed, step, row):
+            if step == 3 and seed == SEEDS[-1]:
+                raise KeyboardInterrupt
+
+        cut = tmp_path / "cut"
+        with pytest.raises(KeyboardInterrupt):
+            _batched(tiny_ladder, cut, recipe, heldout=None, on_step=kill)
+        resumed = _batched(tiny_ladder, cut, recipe, heldout=None)
+        for s in SEEDS:
+            a, b = full[s], resumed[s]
+            assert [{k: v for k, v in r.items() if k != "segment"} for r in b.rows] == \
+                [{k: v for k, v in r.items() if k != "segment"} for r in a.rows]
+            assert [r["segment"] for r in b.rows] == [0, 0, 1, 1, 1, 1] and b.steps_trained == 4
+            logged = [json.loads(x) for x in (cut / f"seed{s}" / "train_log.jsonl").read_text().splitlines()]
+            assert logged == b.rows and [list(r) for r in logged] == [list(r) for r in a.rows]
+            seg = json.loads((cut / f"seed{s}" / "lineage.json").read_text())["segments"]
+            assert [(x["status"], x["end_step"]) for x in seg] == [("interrupted", 2), ("complete", 6)]
+            assert seg[1]["start_step"] == 2 and seg[1]["discarded_log_rows"] == 1
+            assert seg[1]["parent_state"] == str(cut / f"seed{s}" / "state" / "step-000002")
+            assert list(b.lineage[1]) == list(a.lineage[0]) and b.summary["resumes"] == 1
+        again = _batched(tiny_ladder, cut, recipe, heldout=None)
+        for s in SEEDS:
+            assert again[s].steps_trained == 0 and again[s].rows == resumed[s].rows
+            assert again[s].lineage == json.loads((cut / f"seed{s}" / "lineage.json").read_text())["segments"]
+            assert len(again[s].lineage) == 2 and again[s].summary == resumed[s].summary
+            torch.testing.assert_close(dict(again[s].get_model().named_parameters()),
+                                       dict(resumed[s].get_model().named_parameters()), rtol=0, atol=0)
+        (cut / "seed1" / "data_manifest.json").write_text(json.dumps(mans[0]))
+        with pytest.raises(ManifestMismatchError, match="seed1/data_manifest.json: differs .* file was modified"):
+            _batched(tiny_ladder, cut, recipe, heldout=None)
+
+        skip = small_recipe(tiny_ladder, seeds=SEEDS, budget={"optimizer_steps": 3}, diagnostics={"nonfinite": "skip"})
+        _poison_group(monkeypatch, 0, set(range(1000)))
+        res = _batched(tiny_ladder, tmp_path / "allskip", skip, heldout=None)
+        assert isinstance(res[0], NonfiniteGradientError) and "all 3 optimizer steps were nonfinite" in str(res[0])
+        seg = json.loads((tmp_path / "allskip" / "seed0" / "lineage.json").read_text())["segments"]
+        assert [(x["status"], x["end_step"]) for x in seg] == [("failed", 3)]
+        assert [r["step"] for r in res[1].rows] == [1, 2, 3] and not any(r["skipped"] for r in res[1].rows)
+        assert json.loads((tmp_path / "allskip" / "seed1" / "lineage.json").read_text())["segments"][0]["status"] \
+            == "complete"
+    finally:
+        torch.set_num_threads(threads)

@@ -406,3 +406,42 @@ def test_lora_init_depends_on_the_seed_only(tiny_ladder, ladder_checkpoints):
     _, _, _, again = prepared(tiny_ladder, recipe, seed=0)
     assert again == m0
     assert loop_mod.init_seed(0) != loop_mod.init_seed(1)
+
+
+def test_in_process_kill_resumes_with_the_kept_rows_spike_history(tiny_ladder, tmp_path):
+    """A run stopped inside step 3's ``on_step`` (row 3 logged, state at step 2, its segment still
+    "running" on disk) resumes into rows equal to an uninterrupted run's, spike fields included: the
+    resumed SpikeDetector is seeded with the losses of the kept rows (1-2), the discarded row 3 is
+    counted, and the killed segment is closed as interrupted."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        recipe = small_recipe(tiny_ladder, diagnostics={"spike_window": 4, "spike_min_history": 2,
+                                                        "spike_threshold": 0.001, "spike_z": 0.5})
+        full, _ = _train(tiny_ladder, tmp_path / "full", recipe)
+        assert any(r["spike_margin"] is not None for r in full.rows[2:4])  # history matters from step 3 on
+
+        def kill(step, row):
+            if step == 3:
+                raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            _train(tiny_ladder, tmp_path / "cut", recipe, on_step=kill)
+        cut = tmp_path / "cut"
+        seg = json.loads((cut / "lineage.json").read_text())["segments"]
+        assert [(s["status"], s["end_step"]) for s in seg] == [("running", 2)]  # written at the step-2 checkpoint
+        assert len((cut / "train_log.jsonl").read_text().splitlines()) == 3
+        resumed, _ = _train(tiny_ladder, cut, recipe)
+        strip = [{k: v for k, v in r.items() if k != "segment"} for r in full.rows]
+        assert [{k: v for k, v in r.items() if k != "segment"} for r in resumed.rows] == strip
+        assert [r["segment"] for r in resumed.rows] == [0, 0, 1, 1, 1, 1] and resumed.steps_trained == 4
+        seg = json.loads((cut / "lineage.json").read_text())["segments"]
+        assert [s["status"] for s in seg] == ["interrupted", "complete"] and seg[0]["end_step"] == 2
+        assert seg[1]["start_step"] == 2 and seg[1]["discarded_log_rows"] == 1
+        assert seg[1]["parent_state"] == str(cut / "state" / "step-000002")
+        assert list(resumed.lineage[1]) == list(full.lineage[0])  # one segment layout, resumed or not
+        logged = [json.loads(x) for x in (cut / "train_log.jsonl").read_text().splitlines()]
+        assert logged == resumed.rows and [list(r) for r in logged] == [list(r) for r in full.rows]  # key order too
+        assert resumed.summary["resumes"] == 1 and full.summary["resumes"] == 0
+    finally:
+        torch.set_num_threads(threads)

@@ -392,8 +392,44 @@ def _trained_anything(out: Path) -> bool:
 def _pilot_body(out, bases, recipe, ckpts, examples, by_id, heldout, leakage, transfer_cfg, t_hash, tokenizer,
                 tok_hash, d_hash, pad_id, is_main, started, *, merged, device, progress, on_step,
                 vocab_warning) -> PilotResult:
-    from .transfer import evaluate_transfer, summarize_transfer
+    from .transfer import summarize_transfer
 
+    manifests = _data_manifests(out, recipe, examples, tok_hash, d_hash, is_main)
+    m_hashes = {s: manifest_hash(m) for s, m in manifests.items()}
+    manifest = _pilot_manifest(out, bases, recipe, ckpts, examples, manifests, m_hashes, leakage=leakage, t_hash=t_hash,
+                               tok_hash=tok_hash, d_hash=d_hash, merged=merged, device=device,
+                               vocab_warning=vocab_warning)
+    if is_main:
+        atomic_write_json(out / "manifest.json", manifest)
+        started["manifest"] = manifest  # from here on a failure or interrupt is recorded in it
+
+    fmt = prompt_formatter(tokenizer, recipe.chat_template)
+    pairs = _Pairs(out, recipe, ckpts, manifests, m_hashes, t_hash, tokenizer, fmt, by_id=by_id, pad_id=pad_id,
+                   heldout=heldout, merged=merged, device=device, progress=progress, on_step=on_step, is_main=is_main)
+    if recipe.batch_seeds_effective:  # batch_seeds: false / full fine-tuning: manifest.json as before
+        manifest["batch_seeds"] = pairs.batching
+    for ckpt in ckpts:
+        pairs.run_base(ckpt)
+    pairs.outer.close()
+
+    if is_main and transfer_cfg is not None:
+        _evaluate_bases(ckpts, tokenizer, recipe, out, t_hash, fmt, device)
+    _barrier()
+    result = _collect(out, ckpts, recipe.seeds, manifest, pairs.trained, pairs.reused, summarize_transfer, is_main)
+    result.reevaluated = pairs.reevaluated
+    result.transfer_base = _collect_base(out, ckpts, summarize_transfer, is_main and transfer_cfg is not None)
+    invalid = _invalid_transfer(result.transfer)
+    if invalid:
+        manifest["invalid_transfer"] = invalid
+    if is_main:
+        manifest.update(status="complete", ended_utc=_now_utc())
+        atomic_write_json(out / "manifest.json", manifest)
+    return result
+
+
+def _data_manifests(out: Path, recipe: Recipe, examples, tok_hash, d_hash, is_main: bool) -> dict[int, dict]:
+    """Every seed's data manifest, written as ``data_manifest-seed<S>.json``; one already there must
+    be the same (else ManifestMismatchError), unless no run of the folder has trained yet."""
     manifests: dict[int, dict] = {}
     for seed in recipe.seeds:
         m = build_data_manifest(examples, recipe, seed=seed, tokenizer_hash=tok_hash, data_sha256=d_hash)
@@ -412,8 +448,13 @@ def _pilot_body(out, bases, recipe, ckpts, examples, by_id, heldout, leakage, tr
         elif is_main:
             atomic_write_json(path, m)
         manifests[seed] = m
-    m_hashes = {s: manifest_hash(m) for s, m in manifests.items()}
+    return manifests
 
+
+def _pilot_manifest(out: Path, bases, recipe: Recipe, ckpts, examples, manifests: dict[int, dict],
+                    m_hashes: dict[int, str], *, leakage, t_hash, tok_hash, d_hash, merged, device,
+                    vocab_warning) -> dict[str, Any]:
+    """The pilot's ``manifest.json`` (status ``running``): recipe, bases, seeds, data and data manifests."""
     manifest = base_manifest("pilot", {"bases": [str(b) for b in ([bases] if isinstance(bases, (str, Path)) else bases)],
                                        "out": str(out), "merged": merged, "device": device})
     manifest.update(status="running", recipe=recipe.raw, recipe_sha256=recipe.sha256,
@@ -428,78 +469,54 @@ def _pilot_body(out, bases, recipe, ckpts, examples, by_id, heldout, leakage, tr
                                     for s, h in m_hashes.items()})
     if vocab_warning:
         manifest["warnings"] = [vocab_warning]
-    if is_main:
-        atomic_write_json(out / "manifest.json", manifest)
-        started["manifest"] = manifest  # from here on a failure or interrupt is recorded in it
+    return manifest
 
-    fmt = prompt_formatter(tokenizer, recipe.chat_template)
-    pairs = [(c, s) for c in ckpts for s in recipe.seeds]
-    trained, reused, reevaluated = [], [], []
-    batching: dict[str, Any] = {"bases": {}}  # which seeds of each base were trained together (and why not)
-    if recipe.batch_seeds_effective:  # batch_seeds: false / full fine-tuning: manifest.json as before
-        manifest["batch_seeds"] = batching
-    outer = tqdm(pairs, desc="pilot", unit="run", disable=not (progress and is_main))
 
-    def expect_of(ckpt, seed):
-        return {"train_sha256": recipe.train_sha256, "manifest_sha256": m_hashes[seed],
+class _Pairs:
+    """The (base, seed) pairs of a pilot: which are done already, training the others (the seeds of
+    a base together when they can be batched, else one at a time) and finishing each trained or
+    reloaded pair (transfer evaluation, saved model, ``done.json``). ``trained``, ``reused`` and
+    ``reevaluated`` list the pairs by what happened to them; ``batching`` records, per base, which
+    seeds were trained together (and why not)."""
+
+    def __init__(self, out: Path, recipe: Recipe, ckpts, manifests, m_hashes, t_hash, tokenizer, fmt, *, by_id, pad_id,
+                 heldout, merged, device, progress, on_step, is_main):
+        self.out, self.recipe, self.manifests, self.m_hashes, self.t_hash = out, recipe, manifests, m_hashes, t_hash
+        self.tokenizer, self.fmt, self.by_id, self.pad_id, self.heldout = tokenizer, fmt, by_id, pad_id, heldout
+        self.merged, self.device, self.progress, self.on_step = merged, device, progress, on_step
+        self.trained, self.reused, self.reevaluated = [], [], []
+        self.batching: dict[str, Any] = {"bases": {}}
+        pairs = [(c, s) for c in ckpts for s in recipe.seeds]
+        self.outer = tqdm(pairs, desc="pilot", unit="run", disable=not (progress and is_main))
+
+    def expect_of(self, ckpt, seed) -> dict[str, Any]:
+        return {"train_sha256": self.recipe.train_sha256, "manifest_sha256": self.m_hashes[seed],
                 "base_fingerprint": ckpt.fingerprint}
 
-    def is_done(ckpt, seed) -> bool:
-        run_dir = out / ckpt.name / f"seed{seed}"
+    def is_done(self, ckpt, seed) -> bool:
+        run_dir = self.out / ckpt.name / f"seed{seed}"
         done = _read_done(run_dir / "done.json")
-        return (done is not None and all(done.get(k) == v for k, v in expect_of(ckpt, seed).items())
-                and done.get("transfer_sha256") == t_hash and (run_dir / "transfer_items.parquet").is_file()
-                and (not merged or _saved_outputs(run_dir, method=recipe.method.type, merged=True)) is not None)
+        return (done is not None and all(done.get(k) == v for k, v in self.expect_of(ckpt, seed).items())
+                and done.get("transfer_sha256") == self.t_hash and (run_dir / "transfer_items.parquet").is_file()
+                and (not self.merged or _saved_outputs(run_dir, method=self.recipe.method.type, merged=True))
+                is not None)
 
-    def finish(ckpt, seed, res) -> None:
-        """Transfer evaluation, saved model and done.json of one trained (or reloaded) pair."""
-        run_dir = out / ckpt.name / f"seed{seed}"
-        if res.is_main:
-            model = res.get_model()
-            items = pd.DataFrame(columns=["item_id", "kind", "metric", "value", "weight"])
-            if recipe.transfer:
-                # a chat template renders its own special tokens: encode like the SFT encoder (no BOS added)
-                items = evaluate_transfer(model, tokenizer, recipe.transfer, device=res.device, progress=progress,
-                                          format_prompt=fmt, source=recipe.source, add_special_tokens=fmt is None,
-                                          desc=f"{ckpt.name} seed{seed}", chat_template=recipe.chat_template)
-            atomic_write_parquet(run_dir / "transfer_items.parquet", items)
-            saved = None if res.steps_trained else _saved_outputs(run_dir, method=recipe.method.type, merged=merged)
-            if saved is None:  # newly trained, or the saved model is missing: (re)write it
-                saved = _save_model(model, tokenizer, run_dir, method=recipe.method.type, merged=merged)
-            summ = summarize_transfer(items) if len(items) else pd.DataFrame(columns=["metric", "value", "n"])
-            trained_with = next((seg.get("recipe_sha256") for seg in reversed(res.lineage)
-                                 if seg.get("end_step", 0) > seg.get("start_step", 0)), None)
-            done = {**expect_of(ckpt, seed), **res.summary, "recipe_sha256": recipe.sha256,
-                    "trained_recipe_sha256": trained_with, "transfer_sha256": t_hash, "base": ckpt.name,
-                    "base_path": str(ckpt.path), "seed": seed, "saved": saved, "lineage_segments": len(res.lineage),
-                    "transfer": {r.metric: r.value for r in summ.itertuples()}}
-            atomic_write_json(run_dir / "done.json", done)
-        (trained if res.steps_trained else reevaluated).append((ckpt.name, seed))
-
-    for ckpt in ckpts:
+    def run_base(self, ckpt) -> None:
+        """Every unfinished seed of ``ckpt``: trained (batched when possible), then finished. A seed
+        that failed in a batch is raised after the others of the base are finished and recorded."""
+        out, recipe, outer = self.out, self.recipe, self.outer
         todo = []
         for seed in recipe.seeds:
-            if is_done(ckpt, seed):
-                reused.append((ckpt.name, seed))
+            if self.is_done(ckpt, seed):
+                self.reused.append((ckpt.name, seed))
                 outer.update(1)
             else:
-                _check_pair_consistent(out / ckpt.name / f"seed{seed}", expect_of(ckpt, seed))
+                _check_pair_consistent(out / ckpt.name / f"seed{seed}", self.expect_of(ckpt, seed))
                 todo.append(seed)
-        results: dict[int, Any] = {}
-        why = ("one seed to train" if len(todo) < 2 else
-               not_batchable_reason(recipe, int(os.environ.get("WORLD_SIZE", "1"))))
-        if todo and why is None:
-            cb = (lambda seed, step, row, _n=ckpt.name: on_step(_n, seed, step, row)) if on_step else None
-            outer.set_postfix_str(f"{ckpt.name} seeds {todo}")
-            try:
-                results = train_seeds(ckpt.path, recipe, todo, [out / ckpt.name / f"seed{s}" for s in todo],
-                                      manifests=[manifests[s] for s in todo], examples=by_id, pad_id=pad_id,
-                                      base_fingerprint=ckpt.fingerprint, heldout=heldout, device=device,
-                                      progress=progress, desc=f"{ckpt.name} seeds {todo}", on_step=cb)
-            except NotBatchable as exc:
-                why = str(exc)
+        results, why = self._train_batched(ckpt, todo)
         if todo:
-            batching["bases"][ckpt.name] = {"seeds": todo, "batched": why is None, **({"why_not": why} if why else {})}
+            self.batching["bases"][ckpt.name] = {"seeds": todo, "batched": why is None,
+                                                 **({"why_not": why} if why else {})}
         first_error = None
         for seed in todo:
             outer.set_postfix_str(f"{ckpt.name} seed{seed}")
@@ -511,32 +528,66 @@ def _pilot_body(out, bases, recipe, ckpts, examples, by_id, heldout, leakage, tr
                     continue
             else:
                 # Trains, resumes, or (training already complete) reloads the final state without training.
+                on_step = self.on_step
                 cb = (lambda step, row, _n=ckpt.name, _s=seed: on_step(_n, _s, step, row)) if on_step else None
-                res = train(ckpt.path, recipe, seed, out / ckpt.name / f"seed{seed}", manifest=manifests[seed],
-                            examples=by_id, pad_id=pad_id, base_fingerprint=ckpt.fingerprint, heldout=heldout,
-                            device=device, progress=progress, desc=f"{ckpt.name} seed{seed}", on_step=cb)
-            finish(ckpt, seed, res)
+                res = train(ckpt.path, recipe, seed, out / ckpt.name / f"seed{seed}", manifest=self.manifests[seed],
+                            examples=self.by_id, pad_id=self.pad_id, base_fingerprint=ckpt.fingerprint,
+                            heldout=self.heldout, device=self.device, progress=self.progress,
+                            desc=f"{ckpt.name} seed{seed}", on_step=cb)
+            self.finish(ckpt, seed, res)
             outer.update(1)
             del res
             gc.collect()
             _barrier()
         if first_error is not None:  # the other seeds of this base are finished and recorded
             raise first_error
-    outer.close()
 
-    if is_main and transfer_cfg is not None:
-        _evaluate_bases(ckpts, tokenizer, recipe, out, t_hash, fmt, device)
-    _barrier()
-    result = _collect(out, ckpts, recipe.seeds, manifest, trained, reused, summarize_transfer, is_main)
-    result.reevaluated = reevaluated
-    result.transfer_base = _collect_base(out, ckpts, summarize_transfer, is_main and transfer_cfg is not None)
-    invalid = _invalid_transfer(result.transfer)
-    if invalid:
-        manifest["invalid_transfer"] = invalid
-    if is_main:
-        manifest.update(status="complete", ended_utc=_now_utc())
-        atomic_write_json(out / "manifest.json", manifest)
-    return result
+    def _train_batched(self, ckpt, todo: list[int]) -> tuple[dict[int, Any], str | None]:
+        """Train the seeds ``todo`` of ``ckpt`` together: ``({seed: TrainResult or error}, None)``, or
+        ``({}, why not)`` when they cannot be batched (then they are trained one at a time)."""
+        recipe, out, on_step = self.recipe, self.out, self.on_step
+        why = ("one seed to train" if len(todo) < 2 else
+               not_batchable_reason(recipe, int(os.environ.get("WORLD_SIZE", "1"))))
+        if not (todo and why is None):
+            return {}, why
+        cb = (lambda seed, step, row, _n=ckpt.name: on_step(_n, seed, step, row)) if on_step else None
+        self.outer.set_postfix_str(f"{ckpt.name} seeds {todo}")
+        try:
+            return train_seeds(ckpt.path, recipe, todo, [out / ckpt.name / f"seed{s}" for s in todo],
+                               manifests=[self.manifests[s] for s in todo], examples=self.by_id, pad_id=self.pad_id,
+                               base_fingerprint=ckpt.fingerprint, heldout=self.heldout, device=self.device,
+                               progress=self.progress, desc=f"{ckpt.name} seeds {todo}", on_step=cb), None
+        except NotBatchable as exc:
+            return {}, str(exc)
+
+    def finish(self, ckpt, seed, res) -> None:
+        """Transfer evaluation, saved model and done.json of one trained (or reloaded) pair."""
+        from .transfer import evaluate_transfer, summarize_transfer
+
+        recipe, tokenizer, merged = self.recipe, self.tokenizer, self.merged
+        run_dir = self.out / ckpt.name / f"seed{seed}"
+        if res.is_main:
+            model = res.get_model()
+            items = pd.DataFrame(columns=["item_id", "kind", "metric", "value", "weight"])
+            if recipe.transfer:
+                # a chat template renders its own special tokens: encode like the SFT encoder (no BOS added)
+                items = evaluate_transfer(model, tokenizer, recipe.transfer, device=res.device,
+                                          progress=self.progress, format_prompt=self.fmt, source=recipe.source,
+                                          add_special_tokens=self.fmt is None, desc=f"{ckpt.name} seed{seed}",
+                                          chat_template=recipe.chat_template)
+            atomic_write_parquet(run_dir / "transfer_items.parquet", items)
+            saved = None if res.steps_trained else _saved_outputs(run_dir, method=recipe.method.type, merged=merged)
+            if saved is None:  # newly trained, or the saved model is missing: (re)write it
+                saved = _save_model(model, tokenizer, run_dir, method=recipe.method.type, merged=merged)
+            summ = summarize_transfer(items) if len(items) else pd.DataFrame(columns=["metric", "value", "n"])
+            trained_with = next((seg.get("recipe_sha256") for seg in reversed(res.lineage)
+                                 if seg.get("end_step", 0) > seg.get("start_step", 0)), None)
+            done = {**self.expect_of(ckpt, seed), **res.summary, "recipe_sha256": recipe.sha256,
+                    "trained_recipe_sha256": trained_with, "transfer_sha256": self.t_hash, "base": ckpt.name,
+                    "base_path": str(ckpt.path), "seed": seed, "saved": saved, "lineage_segments": len(res.lineage),
+                    "transfer": {r.metric: r.value for r in summ.itertuples()}}
+            atomic_write_json(run_dir / "done.json", done)
+        (self.trained if res.steps_trained else self.reevaluated).append((ckpt.name, seed))
 
 
 def _invalid_transfer(transfer: pd.DataFrame) -> list[dict[str, Any]]:

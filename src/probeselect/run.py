@@ -317,73 +317,94 @@ def run_pipeline(config: str | Path, *, overrides: Sequence[str] = (), force: Se
     import sys
 
     cfg = load_run_config(config, overrides)
-    paths = cfg["_paths"]
-    out, ladder, run = Path(paths["out"]), Path(paths["ladder"]), Path(paths["run"])
-    plan = Path(cfg["plan"])
-    device = cfg.get("device", "auto")
     log = log or (lambda m: print(m, file=sys.stderr))
     # `--force` with no names reruns every stage but the lock (a lock is replaced only when named).
     forced = set(STAGES) - {"lock"} if force is not None and len(force) == 0 else set(force or ())
     unknown = forced - set(STAGES)
     if unknown:
         raise RunConfigError(f"--force: unknown stage {sorted(unknown)[0]!r}; stages: {', '.join(STAGES)}.")
-    sc = cfg["score"]
-    pilot_cfg = cfg["pilot"]
-    conf_cfg = cfg.get("confirm")
-    sel_cfg = cfg.get("select") or {}
-    toy = cfg["ladder"].get("toy") if isinstance(cfg["ladder"], dict) else None
-    hub = cfg["ladder"] if isinstance(cfg["ladder"], dict) and "repo" in cfg["ladder"] else None
+    pipe = _Pipeline(cfg, forced, progress, log)
+    pipe.out.mkdir(parents=True, exist_ok=True)
+    from ._io import RunLock
 
-    def world_seed() -> int | None:  # the toy world of the ladder (None: not a toy ladder)
-        if toy is not None:
-            return int(toy.get("seed", 0))
-        if hub is not None:
+    with RunLock(pipe.out, error_cls=RunConfigError):  # one `probeselect run` per OUT folder
+        return _run_stages(pipe.stages(), pipe.out, pipe.run, cfg["_paths"], overrides, forced, pipe.plan, log)
+
+
+class _Pipeline:
+    """The stages of one resolved config (:func:`load_run_config`): what each does (``do_<stage>``,
+    returning its line for the run summary) and, in :meth:`stages`, what it reads and writes."""
+
+    def __init__(self, cfg: dict[str, Any], forced: set, progress: bool, log: Callable[[str], None]):
+        paths = cfg["_paths"]
+        self.out, self.ladder, self.run = Path(paths["out"]), Path(paths["ladder"]), Path(paths["run"])
+        self.plan = Path(cfg["plan"])
+        self.device = cfg.get("device", "auto")
+        self.forced, self.progress, self.log = forced, progress, log
+        self.sc = cfg["score"]
+        self.pilot_cfg = cfg["pilot"]
+        self.conf_cfg = cfg.get("confirm")
+        self.sel_cfg = cfg.get("select") or {}
+        self.avg_cfg = cfg.get("average") or None
+        self.toy = cfg["ladder"].get("toy") if isinstance(cfg["ladder"], dict) else None
+        self.hub = cfg["ladder"] if isinstance(cfg["ladder"], dict) and "repo" in cfg["ladder"] else None
+
+    def world_seed(self) -> int | None:  # the toy world of the ladder (None: not a toy ladder)
+        if self.toy is not None:
+            return int(self.toy.get("seed", 0))
+        if self.hub is not None:
             return None
         from .probes._registry import toy_ladder_seed
 
-        return toy_ladder_seed(ladder)
+        return toy_ladder_seed(self.ladder)
 
-    def ladder_source():  # a folder, or the resolved Hub revisions
-        if hub is None:
-            return ladder
+    def ladder_source(self):  # a folder, or the resolved Hub revisions
+        if self.hub is None:
+            return self.ladder
         from ._hub import resolve_hub_ladder
 
-        return resolve_hub_ladder(hub["repo"], hub.get("revisions"), hub.get("revision_pattern"))
+        return resolve_hub_ladder(self.hub["repo"], self.hub.get("revisions"), self.hub.get("revision_pattern"))
+
+    def files(self, *names: str) -> list[Path]:
+        return [self.run / n for n in names]
 
     # -- stage bodies --------------------------------------------------------------------------
-    def do_ladder() -> str:
+    def do_ladder(self) -> str:
         from .toy.ladder import build_toy_ladder
 
+        toy, ladder = self.toy, self.ladder
         info = build_toy_ladder(ladder, seed=int(toy.get("seed", 0)), steps=toy.get("steps"),
-                                save_every=toy.get("save_every"), curriculum=toy.get("curriculum"), progress=progress)
+                                save_every=toy.get("save_every"), curriculum=toy.get("curriculum"),
+                                progress=self.progress)
         return f"toy ladder in {ladder} (held-out arithmetic accuracy {getattr(info, 'final_heldout_arith_accuracy', float('nan')):.1%})"
 
-    def do_score() -> str:
+    def do_score(self) -> str:
         from .score import score_checkpoints
 
-        res = score_checkpoints(ladder_source(), _load_specs(sc, world_seed()), seeds=sc.get("seeds", [0, 1, 2, 3]), out=run,
+        sc = self.sc
+        res = score_checkpoints(self.ladder_source(), _load_specs(sc, self.world_seed()),
+                                seeds=sc.get("seeds", [0, 1, 2, 3]), out=self.run,
                                 heldout=sc.get("heldout"), audit_items=int(sc.get("audit_items", 0)),
                                 max_batch_tokens=int(sc.get("max_batch_tokens", 8192)),
                                 max_length=sc.get("max_length"), on_overflow=sc.get("on_overflow", "error"),
-                                dtype=sc.get("dtype", "float32"), device=device, progress=progress,
+                                dtype=sc.get("dtype", "float32"), device=self.device, progress=self.progress,
                                 calibrate=bool(sc.get("calibrate", False)))
         return (f"scored {len(res.scored)} checkpoint(s) ({len(res.manifest['checkpoints']) - len(res.scored)} cached)"
                 + _truncation_note(res.manifest))
 
-    avg_cfg = cfg.get("average") or None
-
-    def do_average() -> str:
+    def do_average(self) -> str:
         from .average import average_checkpoints
         from .score import score_checkpoints
 
-        window = int(avg_cfg.get("window", 5))
-        avg_dir = Path(avg_cfg.get("out") or out / f"ladder-avg{window}")
-        average_checkpoints(ladder, window=window, out_dir=avg_dir, progress=progress)
-        res = score_checkpoints(avg_dir, _load_specs(sc, world_seed()), seeds=sc.get("seeds", [0, 1, 2, 3]), out=run / "averaged",
-                                heldout=sc.get("heldout"), audit_items=0,
+        sc, run, ladder = self.sc, self.run, self.ladder
+        window = int(self.avg_cfg.get("window", 5))
+        avg_dir = Path(self.avg_cfg.get("out") or self.out / f"ladder-avg{window}")
+        average_checkpoints(ladder, window=window, out_dir=avg_dir, progress=self.progress)
+        res = score_checkpoints(avg_dir, _load_specs(sc, self.world_seed()), seeds=sc.get("seeds", [0, 1, 2, 3]),
+                                out=run / "averaged", heldout=sc.get("heldout"), audit_items=0,
                                 max_batch_tokens=int(sc.get("max_batch_tokens", 8192)),
                                 max_length=sc.get("max_length"), on_overflow=sc.get("on_overflow", "error"),
-                                dtype=sc.get("dtype", "float32"), device=device, progress=progress)
+                                dtype=sc.get("dtype", "float32"), device=self.device, progress=self.progress)
         msg = f"{len(res.manifest['checkpoints'])} averaged checkpoint(s) (window {window}) scored into {run / 'averaged'}"
         lineage = Path(ladder) / "data_lineage.json"
         if lineage.is_file():
@@ -394,106 +415,108 @@ def run_pipeline(config: str | Path, *, overrides: Sequence[str] = (), force: Se
                 msg += f"; planted-dip depth raw vs averaged in {path}"
         return msg
 
-    def do_dynamics() -> str:
+    def do_dynamics(self) -> str:
         from .dynamics import compute_dynamics
 
-        compute_dynamics(run)
+        compute_dynamics(self.run)
         from .attribution import write_attribution
 
-        att = write_attribution(run)  # data windows from data_lineage.json next to the checkpoints, if any
-        return f"{run / 'dynamics'}" + (f" (attribution to windows of {att['lineage']})" if att else "")
+        att = write_attribution(self.run)  # data windows from data_lineage.json next to the checkpoints, if any
+        return f"{self.run / 'dynamics'}" + (f" (attribution to windows of {att['lineage']})" if att else "")
 
-    def do_shortlist() -> str:
+    def do_shortlist(self) -> str:
         from .shortlist import shortlist
 
-        res = shortlist(run, plan)
+        res = shortlist(self.run, self.plan)
         if not res.selected:
-            raise ProbeselectError(f"{run / 'shortlist.csv'}: no checkpoint passed the plan {plan}; nothing to pilot. "
-                                   "See the reasons in shortlist.csv.")
+            raise ProbeselectError(f"{self.run / 'shortlist.csv'}: no checkpoint passed the plan {self.plan}; nothing "
+                                   "to pilot. See the reasons in shortlist.csv.")
         return "shortlisted " + ", ".join(res.selected)
 
-    def do_lock() -> str:
+    def do_lock(self) -> str:
         from .plan import lock_plan
 
-        rec = lock_plan(plan, run, force="lock" in forced, allow_weak=bool(sel_cfg.get("allow_weak", False)),
-                        recipe=pilot_cfg["recipe"], recipe_overrides=list(pilot_cfg.get("overrides") or []))
+        rec = lock_plan(self.plan, self.run, force="lock" in self.forced,
+                        allow_weak=bool(self.sel_cfg.get("allow_weak", False)), recipe=self.pilot_cfg["recipe"],
+                        recipe_overrides=list(self.pilot_cfg.get("overrides") or []))
         for w in rec.get("warnings", []):
-            log(f"[run] lock: warning: {w}")
-        return f"locked {plan} (sha256 {rec['plan_sha256'][:12]})" + (
+            self.log(f"[run] lock: warning: {w}")
+        return f"locked {self.plan} (sha256 {rec['plan_sha256'][:12]})" + (
             f"; {len(rec['warnings'])} warning(s)" if rec.get("warnings") else "")
 
-    def do_pilot() -> str:
+    def do_pilot(self) -> str:
         from .confirm import _load_pilot_fn
 
-        _load_pilot_fn()(run / "shortlist.csv", pilot_cfg["recipe"], run / "pilot", progress=progress, device=device,
-                         overrides=list(pilot_cfg.get("overrides") or []))
+        run = self.run
+        _load_pilot_fn()(run / "shortlist.csv", self.pilot_cfg["recipe"], run / "pilot", progress=self.progress,
+                         device=self.device, overrides=list(self.pilot_cfg.get("overrides") or []))
         return f"{run / 'pilot'}"
 
-    def do_select() -> str:
+    def do_select(self) -> str:
         from .select import select
 
-        res = select(run, plan_path=plan, allow_post_hoc=bool(sel_cfg.get("allow_post_hoc", False)))
+        res = select(self.run, plan_path=self.plan, allow_post_hoc=bool(self.sel_cfg.get("allow_post_hoc", False)))
         return ("POST-HOC; " if res.post_hoc else "") + _select_summary(res.ranking)
 
-    def do_confirm() -> str:
+    def do_confirm(self) -> str:
         from .confirm import confirm
 
-        res = confirm(run, conf_cfg["recipe"], top=int(conf_cfg.get("top", 2)), overrides=conf_cfg.get("overrides") or [],
-                      progress=progress, device=device)
+        conf_cfg = self.conf_cfg
+        res = confirm(self.run, conf_cfg["recipe"], top=int(conf_cfg.get("top", 2)),
+                      overrides=conf_cfg.get("overrides") or [], progress=self.progress, device=self.device)
         return res.statement
 
-    def do_report() -> str:
+    def do_report(self) -> str:
         from .report import write_report
 
-        paths_ = write_report(run)
+        paths_ = write_report(self.run)
         return f"{paths_.md}"
 
-    def files(*names: str) -> list[Path]:
-        return [run / n for n in names]
-
-    pilot_out = files("pilot/transfer.csv", "pilot/transfer_items.parquet", "pilot/diagnostics.csv")
-    stages = [
-        _Stage("ladder", lambda: {"toy": toy}, lambda: [ladder / "ladder.json"], do_ladder, enabled=toy is not None,
-               off_detail=(f"Hub revisions of {hub['repo']} (nothing to build)" if hub is not None
-                           else f"existing ladder {ladder} (nothing to build)")),
-        _Stage("score", lambda: {"ladder": _ladder_identity(ladder_source()), "probes": [s.to_dict() for s in _load_specs(sc, world_seed())],
-                                 "specs": _hash_files(_spec_paths(sc)),
-                                 "heldout": _hash_files([Path(sc["heldout"])]) if sc.get("heldout") else None,
-                                 "config": {k: v for k, v in sc.items() if k != "probes"}},
-               lambda: files("summary.csv", "scores.parquet", "manifest.json"), do_score),
-        _Stage("average", lambda: {"score": _hash_files(files("manifest.json")), "average": avg_cfg},
-               lambda: files("averaged/summary.csv", "averaged/scores.parquet"), do_average,
-               enabled=avg_cfg is not None,
-               off_detail=("`average:` not set (off unless configured; e.g. average: {window: 5})" if hub is None
-                           else "Hub revisions: averaging needs a local ladder folder")),
-        _Stage("dynamics", lambda: {**_hash_files(files("summary.csv", "scores.parquet")),
-                                    "lineage": _hash_files([p]) if (p := _find_lineage(run)) else None},
-               lambda: files("dynamics/dynamics.csv"), do_dynamics),
-        _Stage("lock", lambda: {}, lambda: files("plan.lock.json"), do_lock),
-        _Stage("shortlist", lambda: {**_hash_files(files("summary.csv")), "plan": _hash_files([plan])},
-               lambda: files("shortlist.csv", "shortlist.json"), do_shortlist),
-        _Stage("pilot", lambda: {"shortlist": _hash_files(files("shortlist.csv")),
-                                 "recipe": _hash_files([Path(pilot_cfg["recipe"])]),
-                                 "overrides": pilot_cfg.get("overrides") or [], "device": device},
-               lambda: pilot_out, do_pilot),
-        _Stage("select", lambda: {"inputs": _hash_files(files("plan.lock.json", "shortlist.csv") + pilot_out),
-                                  "plan": _hash_files([plan]), "select": sel_cfg},
-               lambda: files("selection.json", "selection.csv"), do_select),
-        _Stage("confirm", lambda: {"selection": _hash_files(files("selection.json")), "confirm": conf_cfg,
-                                   "recipe": _hash_files([Path(conf_cfg["recipe"])]) if conf_cfg else None},
-               lambda: files("confirm.json"), do_confirm, enabled=conf_cfg is not None),
-        _Stage("report", lambda: _hash_files(files("selection.json", "selection.csv", "confirm.json", "shortlist.json",
-                                                   "shortlist.csv", "summary.csv", "averaged/summary.csv",
-                                                   "dynamics/dynamics.csv", "dynamics/attribution_families.csv",
-                                                   "confirm/diagnostics.csv") + pilot_out),
-               lambda: files("report.md", "report.html"), do_report),
-    ]
-
-    out.mkdir(parents=True, exist_ok=True)
-    from ._io import RunLock
-
-    with RunLock(out, error_cls=RunConfigError):  # one `probeselect run` per OUT folder
-        return _run_stages(stages, out, run, paths, overrides, forced, plan, log)
+    # -- the stage table -----------------------------------------------------------------------
+    def stages(self) -> list[_Stage]:
+        """Every stage in order, with its inputs (hashed to decide whether it is up to date) and outputs."""
+        files, ladder, sc, plan, hub = self.files, self.ladder, self.sc, self.plan, self.hub
+        pilot_cfg, conf_cfg, avg_cfg = self.pilot_cfg, self.conf_cfg, self.avg_cfg
+        pilot_out = files("pilot/transfer.csv", "pilot/transfer_items.parquet", "pilot/diagnostics.csv")
+        return [
+            _Stage("ladder", lambda: {"toy": self.toy}, lambda: [ladder / "ladder.json"], self.do_ladder,
+                   enabled=self.toy is not None,
+                   off_detail=(f"Hub revisions of {hub['repo']} (nothing to build)" if hub is not None
+                               else f"existing ladder {ladder} (nothing to build)")),
+            _Stage("score", lambda: {"ladder": _ladder_identity(self.ladder_source()),
+                                     "probes": [s.to_dict() for s in _load_specs(sc, self.world_seed())],
+                                     "specs": _hash_files(_spec_paths(sc)),
+                                     "heldout": _hash_files([Path(sc["heldout"])]) if sc.get("heldout") else None,
+                                     "config": {k: v for k, v in sc.items() if k != "probes"}},
+                   lambda: files("summary.csv", "scores.parquet", "manifest.json"), self.do_score),
+            _Stage("average", lambda: {"score": _hash_files(files("manifest.json")), "average": avg_cfg},
+                   lambda: files("averaged/summary.csv", "averaged/scores.parquet"), self.do_average,
+                   enabled=avg_cfg is not None,
+                   off_detail=("`average:` not set (off unless configured; e.g. average: {window: 5})" if hub is None
+                               else "Hub revisions: averaging needs a local ladder folder")),
+            _Stage("dynamics", lambda: {**_hash_files(files("summary.csv", "scores.parquet")),
+                                        "lineage": _hash_files([p]) if (p := _find_lineage(self.run)) else None},
+                   lambda: files("dynamics/dynamics.csv"), self.do_dynamics),
+            _Stage("lock", lambda: {}, lambda: files("plan.lock.json"), self.do_lock),
+            _Stage("shortlist", lambda: {**_hash_files(files("summary.csv")), "plan": _hash_files([plan])},
+                   lambda: files("shortlist.csv", "shortlist.json"), self.do_shortlist),
+            _Stage("pilot", lambda: {"shortlist": _hash_files(files("shortlist.csv")),
+                                     "recipe": _hash_files([Path(pilot_cfg["recipe"])]),
+                                     "overrides": pilot_cfg.get("overrides") or [], "device": self.device},
+                   lambda: pilot_out, self.do_pilot),
+            _Stage("select", lambda: {"inputs": _hash_files(files("plan.lock.json", "shortlist.csv") + pilot_out),
+                                      "plan": _hash_files([plan]), "select": self.sel_cfg},
+                   lambda: files("selection.json", "selection.csv"), self.do_select),
+            _Stage("confirm", lambda: {"selection": _hash_files(files("selection.json")), "confirm": conf_cfg,
+                                       "recipe": _hash_files([Path(conf_cfg["recipe"])]) if conf_cfg else None},
+                   lambda: files("confirm.json"), self.do_confirm, enabled=conf_cfg is not None),
+            _Stage("report", lambda: _hash_files(files("selection.json", "selection.csv", "confirm.json",
+                                                       "shortlist.json", "shortlist.csv", "summary.csv",
+                                                       "averaged/summary.csv", "dynamics/dynamics.csv",
+                                                       "dynamics/attribution_families.csv",
+                                                       "confirm/diagnostics.csv") + pilot_out),
+                   lambda: files("report.md", "report.html"), self.do_report),
+        ]
 
 
 def _run_stages(stages, out: Path, run: Path, paths: dict, overrides, forced: set, plan: Path, log) -> RunResult:

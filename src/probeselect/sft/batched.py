@@ -13,7 +13,7 @@ Everything else is per run, as in :func:`probeselect.sft.loop.train` (the refere
 state, LR schedule, global-norm clipping over the run's own parameters, nonfinite handling (a
 nonfinite run fails or skips alone; the others continue), ``train_log.jsonl``, ``lineage.json``,
 ``state/step-<N>/`` (same tensor names, optimizer layout and RNG file as a single run) and
-resume. A run resumed from a state trains with whichever runs are at the same step.
+resume; the files are kept by the single-run path's :class:`probeselect.sft._runbook.RunBook`. A run resumed from a state trains with whichever runs are at the same step.
 
 Batching needs: LoRA with ``method.dropout: 0``, no active dropout in the base (config
 ``*dropout*``/``*pdrop*`` all 0), precision fp32 or bf16 (fp16's loss-scale retries are per
@@ -34,29 +34,25 @@ batched, so losses, norms and weights agree to float32 rounding, not bitwise
 
 from __future__ import annotations
 
-import json
 import math
-import random
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .._io import atomic_write_json, atomic_write_jsonl
-from ..errors import ManifestMismatchError, NonfiniteGradientError, RecipeError
+from ..errors import RecipeError
+from ._runbook import RunBook
 from .data import IGNORE, EncodedExample, collate
-from .diagnostics import SpikeDetector, UpdateNorms, grad_norms_many, summarize_layer_norms
-from .loop import (TrainResult, _append_row, _base_forward_nonfinite, _make_accelerator, _now, _read_rows,
-                   _summary, _train_seed, init_seed, make_optimizer)
-from .manifest import compare_manifests, manifest_hash
+from .diagnostics import UpdateNorms, grad_norms_many, summarize_layer_norms
+from .loop import (PRECISION, TrainResult, _base_forward_nonfinite, _make_accelerator, clip_and_step,
+                   make_optimizer, seed_process)
 from .recipe import Recipe
-from .state import latest_state, load_state, rng_state, save_state, set_rng_state
+from .state import rng_state
 
 __all__ = ["NotBatchable", "BatchedLoRALinear", "train_seeds", "not_batchable_reason"]
 
@@ -173,48 +169,24 @@ class _View:
 
 @dataclass
 class _Run:
+    """One seed's run in the batch: its LoRA factors (under the peft names), optimizer, schedule and
+    :class:`RunBook` (files, lineage, log rows)."""
+
     k: int
     seed: int
-    run_dir: Path
-    manifest: dict[str, Any]
     named: list[tuple[str, torch.nn.Parameter]]
     optimizer: Any
     scheduler: Any
-    hashes: dict[str, Any]
-    n_steps: int
-    cursor: int = 0
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    lineage: list[dict[str, Any]] = field(default_factory=list)
-    segment: dict[str, Any] | None = None
-    spikes: Any = None
-    rng: dict[str, Any] | None = None
-    meta_base: dict[str, Any] = field(default_factory=dict)
-    seconds: float = 0.0
-    seg_tokens: int = 0
+    book: RunBook
+    update: UpdateNorms
     status: str = "active"  # active | finished | failed
     error: BaseException | None = None
     steps_trained: int = 0
+    row: dict[str, Any] | None = None  # the current step's log row, until it is logged
 
     @property
     def params(self) -> list[torch.nn.Parameter]:
         return [p for _, p in self.named]
-
-    @property
-    def log_path(self) -> Path:
-        return self.run_dir / "train_log.jsonl"
-
-    @property
-    def state_dir(self) -> Path:
-        return self.run_dir / "state"
-
-    def write_lineage(self) -> None:
-        atomic_write_json(self.run_dir / "lineage.json", {"segments": self.lineage})
-
-    def save(self, step: int, recipe: Recipe, **kw) -> Path:
-        set_rng_state(self.rng)  # the run's own RNG streams (nothing draws from them with dropout 0)
-        return save_state(self.state_dir, step=step, model=_View(self.named), optimizer=self.optimizer,
-                          scheduler=self.scheduler, scaler=None, meta={**self.meta_base, **kw.pop("meta", {})},
-                          keep=recipe.checkpoint_keep, **kw)
 
     def weights(self) -> dict[str, torch.Tensor]:
         return {n: p.detach().clone() for n, p in self.named}
@@ -313,11 +285,8 @@ def train_seeds(base: str | Path, recipe: Recipe, seeds: Sequence[int], run_dirs
     that failed (nonfinite), ``{seed: NonfiniteGradientError}`` - the other runs are unaffected.
     ``on_step(seed, step, row)`` runs after a run's step is logged and checkpointed.
     Raises :class:`NotBatchable` (nothing written) when the setup cannot be batched."""
-    from ..score import load_model
-    from .lora import lora_config
-
     packed = PACKED if packed is None else packed
-    acc = _make_accelerator(device, {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[recipe.precision])
+    acc = _make_accelerator(device, PRECISION[recipe.precision])
     why = not_batchable_reason(recipe, acc.num_processes)
     if why is None and acc.scaler is not None:
         why = "a grad scaler is configured"
@@ -325,6 +294,110 @@ def train_seeds(base: str | Path, recipe: Recipe, seeds: Sequence[int], run_dirs
         raise NotBatchable(why)
     dev = acc.device
     base = Path(base)
+    model, packed = _load_base(base, recipe, manifests, examples, pad_id, dev, packed)
+    opt_cfg = recipe.optimizer
+    rows_ctx = _Rows()
+    runs = _attach_runs(model, base, recipe, seeds, run_dirs, manifests, base_fingerprint, dev, rows_ctx)
+
+    _start(runs, seeds, packed)
+    active = [r for r in runs if r.status == "active"]
+    start = min((r.book.cursor for r in active), default=0)
+    end = max((r.book.n_steps for r in active), default=0)
+    bar = tqdm(total=end, initial=start, desc=desc or str(base.name), unit="step", leave=False,
+               disable=not progress)
+    for s in range(start, end):
+        now = [r for r in runs if r.status == "active" and r.book.cursor <= s < r.book.n_steps]
+        if not now:
+            continue
+        t0 = time.perf_counter()
+        infos = [r.book.manifest["steps"][s] for r in now]
+        for r in now:
+            r.update.before()  # into buffers allocated once: no per-step clone
+        lrs = [r.optimizer.param_groups[0]["lr"] for r in now]
+        losses = _forward_backward(acc, model, rows_ctx, now, infos, examples, pad_id, opt_cfg.micro_batch_size,
+                                   packed)
+        stepped = _update(model, base, recipe, s, now, infos, losses, lrs)
+        eval_runs = [r for r in now if r.status == "active" and recipe.eval_every and heldout
+                     and ((s + 1) % recipe.eval_every == 0 or s + 1 == r.book.n_steps)]
+        if stepped:  # the actual update norms of all stepped runs, one host sync
+            for r, u in zip(stepped, torch.stack([r.update.after() for r in stepped]).tolist()):
+                r.row["update_norm"] = u
+        if eval_runs:
+            for r, h in zip(eval_runs, _heldout_losses(model, rows_ctx, eval_runs, heldout, pad_id=pad_id,
+                                                       device=dev)):
+                r.row["heldout_loss"] = h
+        dt = (time.perf_counter() - t0) / len(now)  # the step's wall time, shared evenly by its runs
+        for r in now:
+            if r.status != "active":
+                continue
+            row, r.row = r.row, None
+            r.book.seconds += dt
+            r.book.log(row)
+            r.steps_trained += 1
+            if s + 1 == r.book.n_steps:
+                r.error = r.book.close(base)
+                r.status = "failed" if r.error is not None else "finished"
+            if on_step is not None:
+                on_step(r.seed, s + 1, row)
+        bar.update(1)
+    bar.close()
+    return {r.seed: r.error if r.status == "failed" else
+            TrainResult(r.book.run_dir, None, r.book.rows, r.book.summary(), r.book.lineage, True, dev,
+                        r.steps_trained, model_loader=_loader(base, recipe, r.seed, dev, r.weights()))
+            for r in runs}
+
+
+def _start(runs: Sequence[_Run], seeds: Sequence[int], packed: bool) -> None:
+    """Per-run bookkeeping, exactly as the single-run loop: resume point, log, lineage, manifest.
+    A run already at its last step is ``finished``; every other run opens a segment."""
+    for run in runs:
+        run.book.run_dir.mkdir(parents=True, exist_ok=True)
+        seed_process(run.seed, 0)
+        finished = run.book.resume()
+        run.book.own_rng = rng_state()  # the state's RNG streams, or the run's seeded ones
+        if finished:
+            run.status = "finished"
+            continue
+        run.book.open_segment(batched_seeds=[int(s) for s in seeds], packed=bool(packed))
+
+
+def _update(model, base: Path, recipe: Recipe, s: int, now: Sequence[_Run], infos: Sequence[dict[str, Any]],
+            losses: Sequence[float], lrs: Sequence[float]) -> list[_Run]:
+    """Step ``s`` of every run in ``now`` after its backward: per run, its own global-norm clipping
+    and AdamW step, or its nonfinite handling (a run that fails, fails alone: ``failed``, with
+    its error); each other run's log row goes to ``run.row`` (update norm still 0.0). Returns the
+    runs that applied an update."""
+    norms = grad_norms_many([r.named for r in now])  # every run's norms: one fused kernel, one host sync
+    stepped = []
+    for r, info, loss, (norm, layer_norms), lr in zip(now, infos, losses, norms, lrs):
+        layer = summarize_layer_norms(layer_norms)
+        nonfinite = not (math.isfinite(norm) and math.isfinite(loss))
+        base_broken = (_base_forward_nonfinite(model, base, recipe)
+                       if nonfinite and not math.isfinite(loss) and r.book.untrained else None)
+        if nonfinite and (recipe.nonfinite == "fail" or (base_broken and base_broken[0])):
+            r.optimizer.zero_grad(set_to_none=True)
+            r.status, r.error = "failed", r.book.fail_nonfinite(
+                s, ids=info["ids"], loss=loss, norm=norm, layer=layer, retries=0, base_broken=base_broken,
+                note=" The other seeds of this base were trained on (batch_seeds).")
+            continue
+        skipped, clip_coef, clipped = clip_and_step(r.optimizer, r.scheduler, r.params, recipe.optimizer.max_norm,
+                                                    norm, nonfinite)
+        if not skipped:
+            stepped.append(r)
+        r.row = r.book.step_row(s, loss=loss, norm=norm, clip_coef=clip_coef, clipped=clipped, nonfinite=nonfinite,
+                                skipped=skipped, retries=0, n_sup=info["sup_tokens"], lr=lr, update_norm=0.0,
+                                layer=layer)
+    return stepped
+
+
+def _load_base(base: Path, recipe: Recipe, manifests: Sequence[dict[str, Any]],
+               examples: Mapping[str, EncodedExample], pad_id: int, dev, packed: bool):
+    """The frozen base, shared by all runs, and whether micro-batches are packed (``packed`` unless
+    this architecture does not keep packed examples apart). :class:`NotBatchable` for a base with
+    an active dropout; RecipeError for LoRA target names it does not have."""
+    from ..score import load_model
+    from .lora import lora_config
+
     model = load_model(base, torch.float32, dev)
     model.config.use_cache = False
     why = _base_dropout(model)
@@ -339,11 +412,16 @@ def train_seeds(base: str | Path, recipe: Recipe, seeds: Sequence[int], run_dirs
             packed = False
     for p in model.parameters():
         p.requires_grad_(False)
-    opt_cfg = recipe.optimizer
-    rows_ctx = _Rows()
+    return model, packed
 
+
+def _attach_runs(model, base: Path, recipe: Recipe, seeds: Sequence[int], run_dirs: Sequence[str | Path],
+                 manifests: Sequence[dict[str, Any]], base_fingerprint: str | None, dev, rows_ctx: _Rows) -> list[_Run]:
+    """One :class:`_Run` per seed, with the single-run path's LoRA initialisation, its optimizer and
+    schedule and its book; every adapted layer of ``model`` is replaced by a :class:`BatchedLoRALinear`
+    over all runs' factors (then ``model`` is in training mode)."""
     runs: list[_Run] = []
-    layers: dict[str, tuple[list, list]] = {}
+    layers: dict[str, tuple[list, list, float]] = {}
     for k, (seed, rd, man) in enumerate(zip(seeds, run_dirs, manifests)):
         init, scaling = _peft_init(base, recipe, seed, dev, model)
         named = [(n, torch.nn.Parameter(t)) for n, t in init]
@@ -356,210 +434,40 @@ def train_seeds(base: str | Path, recipe: Recipe, seeds: Sequence[int], run_dirs
             layers[path][0].append(a)
             layers[path][1].append(b)
         params = [p for _, p in named]
-        n_steps = man["n_steps"]
-        optimizer, scheduler = make_optimizer(params, opt_cfg, n_steps)
-        hashes = {"train_sha256": recipe.train_sha256, "manifest_sha256": manifest_hash(man),
-                  "base_fingerprint": base_fingerprint}
-        runs.append(_Run(k, seed, Path(rd), man, named, optimizer, scheduler, hashes, n_steps))
-        runs[-1].update = UpdateNorms(params)
+        optimizer, scheduler = make_optimizer(params, recipe.optimizer, man["n_steps"])
+        book = RunBook(rd, recipe, man, base_fingerprint, model=_View(named), optimizer=optimizer, scheduler=scheduler)
+        runs.append(_Run(k, seed, named, optimizer, scheduler, book, UpdateNorms(params)))
     for path, (A, B, sc) in layers.items():
         _set_module(model, path, BatchedLoRALinear(model.get_submodule(path), A, B, sc, rows_ctx))
     model.train()
-
-    # Per-run bookkeeping, exactly as the single-run loop: resume point, log, lineage, manifest.
-    for run in runs:
-        run.run_dir.mkdir(parents=True, exist_ok=True)
-        ts = _train_seed(run.seed, 0)
-        random.seed(ts)
-        np.random.seed(ts % 2**32)
-        torch.manual_seed(ts)
-        lineage_path = run.run_dir / "lineage.json"
-        run.lineage = json.loads(lineage_path.read_text(encoding="utf-8"))["segments"] if lineage_path.is_file() else []
-        prev = latest_state(run.state_dir)
-        parent = None
-        if prev is not None:
-            meta = load_state(prev, model=_View(run.named), optimizer=run.optimizer, scheduler=run.scheduler,
-                              scaler=None, expect={**run.hashes, "world_size": 1}, rank=0)
-            run.cursor, parent = meta["cursor"], str(prev)
-        run.rng = rng_state()
-        dm_path = run.run_dir / "data_manifest.json"
-        if prev is not None and dm_path.is_file():
-            diff = compare_manifests(json.loads(dm_path.read_text(encoding="utf-8")), run.manifest)
-            if diff is not None:
-                raise ManifestMismatchError(
-                    f"{dm_path}: differs from the data manifest of this run and of its saved state {prev} ({diff}); "
-                    f"the file was modified. Restore it, or delete {run.run_dir} to retrain this (base, seed).")
-        all_rows = _read_rows(run.log_path)
-        run.rows = [r for r in all_rows if r["step"] <= run.cursor]
-        discarded = len(all_rows) - len(run.rows)
-        for seg in run.lineage:
-            if seg["status"] == "running":
-                seg["status"] = "complete" if seg.get("end_step", 0) >= run.n_steps else "interrupted"
-        atomic_write_jsonl(run.log_path, run.rows)
-        if prev is None or not dm_path.is_file():
-            atomic_write_json(dm_path, run.manifest)
-        if run.cursor >= run.n_steps:
-            run.write_lineage()
-            run.status = "finished"
-            continue
-        seg_id = len(run.lineage)
-        run.segment = {"segment": seg_id, "start_step": run.cursor, "end_step": run.cursor, "parent_state": parent,
-                       "discarded_log_rows": discarded, "status": "running", "world_size": 1, "started_utc": _now(),
-                       "ended_utc": None, "recipe_sha256": recipe.sha256, **run.hashes,
-                       "batched_seeds": [int(s) for s in seeds], "packed": bool(packed)}
-        run.lineage.append(run.segment)
-        run.write_lineage()
-        run.spikes = SpikeDetector(recipe.spike_window, recipe.spike_threshold, recipe.spike_min_history,
-                                   [r["loss"] for r in run.rows], z=recipe.spike_z)
-        run.meta_base = {**run.hashes, "recipe_sha256": recipe.sha256, "world_size": 1, "parent_state": parent,
-                         "segment": seg_id}
-
-    mbs = opt_cfg.micro_batch_size
-    active = [r for r in runs if r.status == "active"]
-    start = min((r.cursor for r in active), default=0)
-    end = max((r.n_steps for r in active), default=0)
-    bar = tqdm(total=end, initial=start, desc=desc or str(base.name), unit="step", leave=False,
-               disable=not progress)
-
-    for s in range(start, end):
-        now = [r for r in runs if r.status == "active" and r.cursor <= s < r.n_steps]
-        if not now:
-            continue
-        t0 = time.perf_counter()
-        infos = [r.manifest["steps"][s] for r in now]
-        for r in now:
-            r.update.before()  # into buffers allocated once: no per-step clone
-        lrs = [r.optimizer.param_groups[0]["lr"] for r in now]
-        micro = [[info["ids"][i: i + mbs] for i in range(0, len(info["ids"]), mbs)] for info in infos]
-        local = torch.zeros(len(now), dtype=torch.float32, device=dev)
-        for j in range(max(len(m) for m in micro)):
-            part = [(r, m[j]) for r, m in zip(now, micro) if j < len(m)]
-            if packed:
-                groups = [(r.k, 1) for r, _ in part]
-                batch = {k: v.to(dev) for k, v in pack([[examples[i] for i in ids] for _, ids in part], pad_id).items()}
-            else:
-                groups = [(r.k, len(ids)) for r, ids in part]
-                batch = {k: v.to(dev) for k, v in collate([examples[i] for _, ids in part for i in ids],
-                                                          pad_id).items()}
-            rows_ctx.groups, rows_ctx.single = groups, None
-            with acc.autocast():
-                nll = rows_nll(model, batch, groups)
-            scale = torch.tensor([1.0 / infos[now.index(r)]["sup_tokens"] for r, _ in part], device=dev)
-            (nll * scale).sum().backward()
-            idx = torch.tensor([now.index(r) for r, _ in part], device=dev)
-            local.index_add_(0, idx, nll.detach().float())
-        losses = [float(x) / info["sup_tokens"] for x, info in zip(local.tolist(), infos)]
-        eval_runs = []
-        norms = grad_norms_many([r.named for r in now])  # every run's norms: one fused kernel, one host sync
-        stepped = []
-        for r, info, loss, (norm, layer_norms), lr in zip(now, infos, losses, norms, lrs):
-            n_sup = info["sup_tokens"]
-            layer = summarize_layer_norms(layer_norms)
-            nonfinite = not (math.isfinite(norm) and math.isfinite(loss))
-            skipped, clip_coef, clipped = False, 1.0, False
-            base_broken = (_base_forward_nonfinite(model, base, recipe)
-                           if nonfinite and not math.isfinite(loss) and not any(not x.get("skipped") for x in r.rows)
-                           else None)
-            if nonfinite and (recipe.nonfinite == "fail" or (base_broken and base_broken[0])):
-                _fail(r, s, info["ids"], loss, norm, layer, base_broken, recipe, base)
-                continue
-            if nonfinite:
-                skipped = True
-                r.optimizer.zero_grad(set_to_none=True)
-            else:
-                if opt_cfg.max_norm is not None:
-                    coef = opt_cfg.max_norm / (norm + 1e-6)
-                    clip_coef, clipped = min(1.0, coef), coef < 1.0
-                    if clipped:
-                        torch.nn.utils.clip_grads_with_norm_(r.params, opt_cfg.max_norm, torch.tensor(norm))
-                r.optimizer.step()
-                r.scheduler.step()
-                r.optimizer.zero_grad(set_to_none=True)
-                stepped.append(r)
-            spike, median = r.spikes.update(loss)
-            r.seg_tokens += n_sup
-            r._row = {"step": s + 1, "segment": r.segment["segment"], "loss": loss, "grad_norm_preclip": norm,
-                      "clip_coef": clip_coef, "clipped": clipped, "nonfinite": nonfinite, "skipped": skipped,
-                      "scaler_retries": 0, "sup_tokens": n_sup, "lr": lr, "update_norm": 0.0,
-                      "layer_grad_norms": layer, "spike": spike, "loss_median_prev": median,
-                      "spike_margin": r.spikes.last_margin}
-            if recipe.eval_every and heldout and ((s + 1) % recipe.eval_every == 0 or s + 1 == r.n_steps):
-                eval_runs.append(r)
-        if stepped:  # the actual update norms of all stepped runs, one host sync
-            for r, u in zip(stepped, torch.stack([r.update.after() for r in stepped]).tolist()):
-                r._row["update_norm"] = u
-        if eval_runs:
-            for r, h in zip(eval_runs, _heldout_losses(model, rows_ctx, eval_runs, heldout, pad_id=pad_id,
-                                                       device=dev)):
-                r._row["heldout_loss"] = h
-        dt = (time.perf_counter() - t0) / len(now)  # the step's wall time, shared evenly by its runs
-        for r in now:
-            if r.status != "active":
-                continue
-            row = r.__dict__.pop("_row")
-            r.seconds += dt
-            r.rows.append(row)
-            _append_row(r.log_path, row)
-            r.steps_trained += 1
-            r.segment.update(end_step=s + 1, seconds=r.seconds, sup_tokens=r.seg_tokens)
-            if (recipe.checkpoint_every and (s + 1) % recipe.checkpoint_every == 0) or s + 1 == r.n_steps:
-                r.save(s + 1, recipe)
-                r.write_lineage()
-            if s + 1 == r.n_steps:
-                _close(r, base)
-            if on_step is not None:
-                on_step(r.seed, s + 1, row)
-        bar.update(1)
-    bar.close()
-
-    out: dict[int, TrainResult | BaseException] = {}
-    for r in runs:
-        if r.status == "failed":
-            out[r.seed] = r.error
-            continue
-        weights = r.weights()
-        out[r.seed] = TrainResult(r.run_dir, None, r.rows, _summary(r.rows, r.lineage), r.lineage, True, dev,
-                                  r.steps_trained, model_loader=_loader(base, recipe, r.seed, dev, weights))
-    return out
+    return runs
 
 
-def _close(r: _Run, base) -> None:
-    """Mark a run that reached its last step complete (or failed: every step skipped)."""
-    if r.rows and all(x.get("skipped") for x in r.rows):
-        r.segment.update(status="failed", ended_utc=_now(), seconds=r.seconds, sup_tokens=r.seg_tokens)
-        r.write_lineage()
-        r.status, r.error = "failed", NonfiniteGradientError(
-            f"{r.run_dir}: all {len(r.rows)} optimizer steps were nonfinite and skipped (diagnostics.nonfinite=skip); "
-            f"no update was applied, so this run is failed, not a result. Check the base {base} (`probeselect "
-            "score` on it) and the steps in train_log.jsonl.")
-        return
-    r.segment.update(status="complete", ended_utc=_now(), seconds=r.seconds, sup_tokens=r.seg_tokens)
-    r.write_lineage()
-    r.status = "finished"
-
-
-def _fail(r: _Run, s: int, ids, loss, norm, layer, base_broken, recipe: Recipe, base) -> None:
-    """Fail-fast for one run: its state before step s+1, the batch ids, a failed segment; others go on."""
-    r.optimizer.zero_grad(set_to_none=True)
-    where = r.save(s, recipe, meta={"reason": "nonfinite", "failed_step": s + 1, "scaler_retries": 0},
-                   name=f"nonfinite-step-{s + 1:06d}", set_latest=False)
-    what = "loss" if not math.isfinite(loss) else "gradient"
-    atomic_write_json(r.run_dir / "nonfinite_batch.json",
-                      {"step": s + 1, "ids": ids, "loss": loss, "grad_norm_preclip": norm, "layer_grad_norms": layer,
-                       "scaler_retries": 0, "state": str(where)})
-    r.segment.update(status="failed", end_step=s, ended_utc=_now())
-    r.write_lineage()
-    r.status = "failed"
-    if base_broken:
-        r.error = NonfiniteGradientError(
-            f"{r.run_dir}: optimizer step {s + 1}: {base_broken[1]} (loss {loss}, before any update). The "
-            f"batch is not the cause; nothing was trained (state before the step: {where}).")
-    else:
-        r.error = NonfiniteGradientError(
-            f"{r.run_dir}: optimizer step {s + 1}: nonfinite {what} (loss {loss}, pre-clip norm {norm}). Batch ids "
-            f"saved to {r.run_dir / 'nonfinite_batch.json'}, the state before the step to {where} (latest.json "
-            "still names the last regular checkpoint). Inspect those examples; diagnostics.nonfinite=skip skips "
-            "such steps (counted) instead. The other seeds of this base were trained on (batch_seeds).")
+def _forward_backward(acc, model, rows_ctx: _Rows, now: Sequence[_Run], infos: Sequence[dict[str, Any]],
+                      examples: Mapping[str, EncodedExample], pad_id: int, mbs: int, packed: bool) -> list[float]:
+    """One optimizer step of every run in ``now`` (manifest steps ``infos``): the runs' ``j``-th
+    micro-batches go through the model together; one backward of ``sum_k nll_k / N_k`` accumulates
+    each run's own token-weighted gradient. Returns the runs' losses (nats per supervised token)."""
+    dev = acc.device
+    micro = [[info["ids"][i: i + mbs] for i in range(0, len(info["ids"]), mbs)] for info in infos]
+    local = torch.zeros(len(now), dtype=torch.float32, device=dev)
+    for j in range(max(len(m) for m in micro)):
+        part = [(r, m[j]) for r, m in zip(now, micro) if j < len(m)]
+        if packed:
+            groups = [(r.k, 1) for r, _ in part]
+            batch = {k: v.to(dev) for k, v in pack([[examples[i] for i in ids] for _, ids in part], pad_id).items()}
+        else:
+            groups = [(r.k, len(ids)) for r, ids in part]
+            batch = {k: v.to(dev) for k, v in collate([examples[i] for _, ids in part for i in ids],
+                                                      pad_id).items()}
+        rows_ctx.groups, rows_ctx.single = groups, None
+        with acc.autocast():
+            nll = rows_nll(model, batch, groups)
+        scale = torch.tensor([1.0 / infos[now.index(r)]["sup_tokens"] for r, _ in part], device=dev)
+        (nll * scale).sum().backward()
+        idx = torch.tensor([now.index(r) for r, _ in part], device=dev)
+        local.index_add_(0, idx, nll.detach().float())
+    return [float(x) / info["sup_tokens"] for x, info in zip(local.tolist(), infos)]
 
 
 def _loader(base: Path, recipe: Recipe, seed: int, dev, weights: dict[str, torch.Tensor]) -> Callable[[], Any]:
