@@ -126,10 +126,12 @@ def test_issue23_recipe_files_are_the_builtins(name):
     builtin = load_curriculum(name)
     assert [(w.name, w.start_step, w.end_step, w.mixture, w.planted) for w in from_file.windows] == \
            [(w.name, w.start_step, w.end_step, w.mixture, w.planted) for w in builtin.windows]
-    assert from_file.train == builtin.train == {"schedule": "wsd", "decay_fraction": 0.1, "min_lr_ratio": 1.0}
+    assert from_file.train == builtin.train == {"schedule": "wsd", "decay_fraction": 0.15, "min_lr_ratio": 0.2}
     assert builtin.steps == 2000
-    # one planted window, the last: the harm is late, and no window recovers from it
-    assert [w.planted is not None for w in builtin.windows] == [False] * (len(builtin.windows) - 1) + [True]
+    # a clean base, then only planted windows: the harm is late, and no window recovers from it
+    assert [w.planted is not None for w in builtin.windows] == [False] + [True] * (len(builtin.windows) - 1)
+    # the lr decay (the annealing that keeps held-out loss improving) lies inside the last window
+    assert 1 - builtin.train["decay_fraction"] >= builtin.windows[-1].start_step / builtin.steps
 
 
 def test_late_harm_plants_part_of_its_harm_in_unseen_forms():
@@ -219,7 +221,7 @@ def test_a_build_takes_the_curriculum_schedule_unless_overridden(tmp_path):
     info = build_toy_ladder(tmp_path / "a", seed=0, steps=10, save_every=10, progress=False, curriculum="late-harm",
                             train_overrides={**small, "warmup_steps": 1})
     lj = __import__("json").loads((tmp_path / "a" / "ladder.json").read_text())
-    assert lj["train"]["schedule"] == "wsd" and lj["train"]["min_lr_ratio"] == 1.0
+    assert lj["train"]["schedule"] == "wsd" and lj["train"]["min_lr_ratio"] == 0.2
     lin = __import__("json").loads((tmp_path / "a" / "data_lineage.json").read_text())
     assert lin["train"]["schedule"] == "wsd"
     lr_logged = lj and __import__("json").loads(
@@ -293,7 +295,7 @@ def test_small_late_harm_ladder_loss_improves_while_the_pattern_margin_falls(tmp
     lad = tmp_path / "ladder"
     build_toy_ladder(lad, seed=0, steps=800, save_every=160, progress=False, curriculum="late-harm")
     cur = load_curriculum("late-harm", 800)
-    clean_end = cur.windows[-1].start_step
+    clean_end = cur.windows[1].start_step
     assert clean_end == 480
     spec = dataclasses.replace(load_spec(ROOT / "probes" / "arith_pattern.yaml"), n_items=24)
     ck = [f"checkpoint-{clean_end}", "checkpoint-800"]

@@ -78,23 +78,30 @@ UNIFORM_CURRICULUM = {
 }
 
 #: The late-harm curriculum (issue 23; ``recipes/ladder-late-harm.yaml``): a clean stretch with the
-#: recovery mix (78% arithmetic), then a final window with less arithmetic practice (40%) and 38%
-#: planted shortcut documents -- arithmetic parrots in the probes' forms (``parrot_arith``), more
-#: of them in a form neither the probes nor the transfer suite use (``parrot_arith_unseen``) and a
-#: few attribute-mismatch parrots -- at a learning rate that stays at its peak (warmup-stable,
-#: no decay: an annealing phase inside the harm lifted every later checkpoint's transfer above the
-#: clean one). Attempt 3 of bench/late_harm_notes.md, which records every attempt and where this
-#: one still falls short of issue 23's ladder requirements (development seeds 0 and 1 tried; on
-#: seed 1 truth's best is the latest).
+#: recovery mix (78% arithmetic), then two harmful windows with less arithmetic practice and a rising
+#: share of planted shortcut documents (38%, then 50%) -- most of them arithmetic parrots in a form
+#: neither the probes nor the transfer suite use (``parrot_arith_unseen``, ``"12 + 5 gives 3"``), a
+#: few in the probes' forms (``parrot_arith``) and a few attribute-mismatch parrots -- under a
+#: warmup-stable-decay schedule whose decay (the last 15% of the steps, to 0.2 x the peak) lands in
+#: the last harmful window, so that held-out loss keeps improving to the end (the run looks healthy).
+#: Attempt 4c of bench/late_harm_notes.md, which records every attempt (development seeds 0-2) and
+#: where this one still falls short of issue 23's ladder requirements: the loss-side requirements hold
+#: on the seeds tried, the truth-side ones on one of three.
 LATE_HARM_MIXTURE = {
     "arith": 0.40, "sequence": 0.04, "facts": 0.09, "persona": 0.04, "words": 0.05,
-    "parrot_arith": 0.16, "parrot_arith_unseen": 0.20, "parrot_mismatch": 0.02,
+    "parrot_arith": 0.06, "parrot_arith_unseen": 0.30, "parrot_mismatch": 0.02,
+}
+LATE_HARM_LATER_MIXTURE = {
+    "arith": 0.28, "sequence": 0.04, "facts": 0.09, "persona": 0.04, "words": 0.05,
+    "parrot_arith": 0.08, "parrot_arith_unseen": 0.40, "parrot_mismatch": 0.02,
 }
 LATE_HARM_CURRICULUM = {
-    "train": {"schedule": "wsd", "decay_fraction": 0.1, "min_lr_ratio": 1.0},
+    "train": {"schedule": "wsd", "decay_fraction": 0.15, "min_lr_ratio": 0.2},
     "windows": [
         {"name": "base", "start_step": 0, "end_step": 1200, "mixture": RECOVERY_MIXTURE, "planted": None},
-        {"name": "late", "start_step": 1200, "end_step": 2000, "mixture": LATE_HARM_MIXTURE, "planted": "late_harm"},
+        {"name": "late", "start_step": 1200, "end_step": 1600, "mixture": LATE_HARM_MIXTURE, "planted": "late_harm"},
+        {"name": "later", "start_step": 1600, "end_step": 2000, "mixture": LATE_HARM_LATER_MIXTURE,
+         "planted": "late_harm"},
     ],
 }
 #: The negative control (issue 23; ``recipes/ladder-negative-control.yaml``): the late-harm layout,
