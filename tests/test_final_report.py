@@ -211,3 +211,30 @@ def test_the_front_page_line_says_what_the_decision_says(tmp_path, sel_kw, conf)
     assert bold.findall(headline)[0] in bold.findall(front)  # the same verdict words, base and qualifier
     assert ("provisional" in front) == ("provisional" in headline)
     assert ("POST-HOC" in front) == bool(sel_kw.get("post_hoc"))
+
+
+def test_the_naive_choices_are_set_against_the_top_base(tmp_path):
+    """The Decision names the naive choices (latest checkpoint; no pretraining bpb is scored in this
+    fake run) with their piloted transfer and difference to the top base, or says that they were
+    not piloted and how to pilot them."""
+    from _selection_fakes import STEPS
+
+    latest = f"checkpoint-{max(STEPS)}"
+    assert latest == "checkpoint-60" and latest in BASES
+    sel = _selection()
+    b = next(x for x in sel["bases"] if x["base"] == latest)
+    b.update(diff_vs_top=-1.0, diff_vs_top_lo=-1.6, diff_vs_top_hi=-0.4)
+    _, lines = _write(tmp_path / "a", sel)
+    naive = [ln for ln in lines if ln.startswith("**Against the naive choices**")]
+    assert naive == [f"**Against the naive choices**: `{latest}` (the latest checkpoint) has task_logprob -2 "
+                     "(95% interval -3 to -1.5); difference to the top `checkpoint-40` -1 (95% interval -1.6 to -0.4)."]
+    sel = _selection(runner_up="checkpoint-50")
+    sel["bases"] = [x for x in sel["bases"] if x["base"] != latest]
+    _, lines = _write(tmp_path / "b", sel)
+    naive = [ln for ln in lines if ln.startswith("**Against the naive choices**")]
+    assert naive == [f"**Against the naive choices**: `{latest}` (the latest checkpoint) was not piloted, so its "
+                     "transfer is unknown (the plan's `references: [latest, lowest_bpb]` pilots it next to the "
+                     "shortlist)."]
+    _, lines = _write(tmp_path / "c", _selection(top=latest, runner_up="checkpoint-40"))
+    assert [ln for ln in lines if ln.startswith("**Against the naive choices**")] == [
+        f"**Against the naive choices**: `{latest}` (the latest checkpoint) is the top base (task_logprob -2)."]

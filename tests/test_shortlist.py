@@ -91,6 +91,36 @@ def test_ranks_one_probe_winner_and_variant_stability(tmp_path, run):
     assert not any("modified" in n for n in res.notes)  # run "scored" after the plan was written
 
 
+def test_references_pilot_the_naive_choices_next_to_the_shortlist(tmp_path, run):
+    """``references: [latest, lowest_bpb]``: the latest candidate (c6, a one-probe winner the shortlist
+    leaves out) is appended after the k shortlisted with its own reason; the lowest-bpb candidate (c4)
+    is already shortlisted and is not added twice. Without the key the outputs have no reference column."""
+    res = shortlist(run, _plan(tmp_path, PROXIES + "k: 3\nreferences: [latest, lowest_bpb]\n"))
+    t = res.table.set_index("checkpoint")
+    assert res.selected == ["c3", "c4", "c5", "c6"]
+    assert t.loc["c6", "shortlist_position"] == 4 and t.loc["c6", "selected"]
+    assert t.loc["c6", "reference"] == "latest" and t.loc["c4", "reference"] == "lowest_bpb"
+    assert t.loc["c6", "reason"].startswith("reference #4 (the latest checkpoint): the naive choice")
+    assert "one-probe winner" in t.loc["c6", "reason"]
+    assert "c6" not in res.excluded
+    assert any("reference lowest_bpb: c4 is already shortlisted" in n for n in res.notes)
+    meta = json.loads((run / "shortlist.json").read_text())
+    assert [s["checkpoint"] for s in meta["selected"]] == ["c3", "c4", "c5", "c6"]
+    assert meta["selected"][-1]["reference"] == "latest" and "reference" not in meta["selected"][0]
+    assert meta["plan"]["references"] == ["latest", "lowest_bpb"]
+    # both rules on one checkpoint outside the shortlist: piloted once, named by both
+    bpb = _summary()
+    bpb.loc[(bpb.checkpoint == "c6") & (bpb.family == "heldout_nll"), "bits_per_byte"] = 1.0
+    atomic_write_csv(run / "summary.csv", bpb)
+    res = shortlist(run, _plan(tmp_path, PROXIES + "k: 3\nreferences: [latest, lowest_bpb]\n"))
+    t = res.table.set_index("checkpoint")
+    assert res.selected == ["c3", "c4", "c5", "c6"] and t.loc["c6", "reference"] == "latest, lowest_bpb"
+    assert t.loc["c6", "reason"].startswith("reference #4 (the latest checkpoint and the lowest held-out bits per byte)")
+    plain = shortlist(run, _plan(tmp_path, PROXIES + "k: 3\n"))
+    assert "reference" not in plain.table.columns and plain.selected == ["c3", "c4", "c5"]
+    assert "references" not in json.loads((run / "shortlist.json").read_text())["plan"]
+
+
 def test_constraints_exclude_with_reasons(tmp_path, run):
     plan = PROXIES + """
 constraints:
@@ -141,6 +171,9 @@ def test_candidates_restrict_the_ranking(tmp_path, run):
     ("proxies:\n  - {family: conf, metric: mean_margin}\n", "only one proxy"),
     (PROXIES + "  - {family: conf, variant: '*', metric: mean_margin}\n", "listed twice"),
     (PROXIES + "k: 2\nk: 3\n", "duplicate key"),
+    (PROXIES + "references: [newest]\n", "references must be a list of distinct naive choices"),
+    (PROXIES + "references: [latest, latest]\n", "distinct"),
+    (PROXIES + "references: latest\n", "must be a list"),
 ])
 def test_bad_plans_are_rejected(tmp_path, run, text, match):
     with pytest.raises(ProbeSpecError, match=match):

@@ -205,6 +205,41 @@ def floor_ceiling(transfer: pd.DataFrame | None) -> list[dict[str, Any]]:
     return out
 
 
+def _naive_bullet(sel: dict, run_dir: Path, metric: str, level: float) -> str | None:
+    """The naive choices (the latest checkpoint, the lowest pretraining held-out bpb) against the
+    top base: their piloted transfer and difference to the top, or that they were not piloted."""
+    from ._front_page import _lowest_bpb, _steps
+
+    manifest = _read_json(run_dir / "manifest.json")
+    steps = _steps(manifest)
+    lowest = _lowest_bpb(_read_csv(run_dir / "summary.csv"))
+    naive: dict[str, list[str]] = {}
+    if steps:
+        naive.setdefault(max(steps, key=lambda n: steps[n]), []).append("the latest checkpoint")
+    if lowest is not None:
+        naive.setdefault(lowest.checkpoint, []).append("the lowest pretraining held-out bits per byte")
+    if not naive:
+        return None
+    bases = {b["base"]: b for b in sel["bases"]}
+    top = sel["decision"].get("top")
+    parts = []
+    for c, what in naive.items():
+        who = f"`{c}` ({' and '.join(what)})"
+        b = bases.get(c)
+        if b is None:
+            parts.append(f"{who} was not piloted, so its transfer is unknown (the plan's `references: [latest, "
+                         "lowest_bpb]` pilots it next to the shortlist)")
+        elif c == top:
+            parts.append(f"{who} is the top base ({metric} {_g(b.get('value'))})")
+        else:
+            d = (f"; difference to the top `{top}` {_g(b.get('diff_vs_top'))} ({_pct(level)} interval "
+                 f"{_g(b.get('diff_vs_top_lo'))} to {_g(b.get('diff_vs_top_hi'))})" if b.get("diff_vs_top") is not None
+                 else "")
+            parts.append(f"{who} has {metric} {_g(b.get('value'))} ({_pct(level)} interval {_g(b.get('ci_lo'))} to "
+                         f"{_g(b.get('ci_hi'))}){d}")
+    return "**Against the naive choices**: " + "; ".join(parts) + "."
+
+
 def _floor_ceiling_bullets(transfer: pd.DataFrame | None, sel: dict) -> list[str]:
     flags = floor_ceiling(transfer)
     if not flags:
@@ -324,6 +359,9 @@ def _decision_section(sel: dict, conf: dict | None, diag: pd.DataFrame | None,
             items.append(f"**Confirmation** (the pilot named no winner, so there was no pick to confirm): {there}."
                          + (" A winner found only at the confirmation budget is a new, unreplicated result."
                             if cs.confirm_verdict in _WINNING else "") + tail)
+    naive = _naive_bullet(sel, run_dir, metric, level)
+    if naive:
+        items.append(naive)
     items.extend(_run_correctness(sel, diag, conf_diag))
     items.extend(_floor_ceiling_bullets(transfer, sel))
     pv = [p for p in sel.get("proxy_validation", []) if p.get("spearman") is not None]

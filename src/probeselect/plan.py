@@ -64,7 +64,11 @@ _SKIP_DIRS = {"cache"}  # the scoring cache: derived parts, not results
 # The shortlist part of the plan (proxies, constraints, aggregation, k; used by probeselect.shortlist).
 AGGREGATIONS = ("mean_rank", "median_rank")
 # `selection:` (primary transfer metric, constraints, decision rule) is validated by selection_spec_from_dict.
-_PLAN_KEYS = ("proxies", "constraints", "aggregation", "k", "candidates", "description", "selection", "stratify")
+_PLAN_KEYS = ("proxies", "constraints", "aggregation", "k", "candidates", "description", "selection", "stratify",
+              "references")
+#: The naive choices a plan can pilot next to its shortlist (``references:``): the latest candidate
+#: (highest step) and the candidate with the lowest held-out bits per byte.
+REFERENCES = ("latest", "lowest_bpb")
 STRATIFY = (None, "data_windows")      # or a mapping {by: steps|tokens, strata: N} / {by: ..., edges: [...]}
 STRATA_BY = ("steps", "tokens")
 _STRATIFY_KEYS = ("by", "strata", "edges")
@@ -119,6 +123,7 @@ class Plan:
     strata: int | None = None            # stratify by steps/tokens: N contiguous groups of the candidates
     strata_edges: tuple[float, ...] | None = None  # ... or explicit boundaries (start < x <= end)
     heldout_bpb_mode: str = "absolute"   # how heldout_bpb_within is read (BPB_MODES)
+    references: tuple[str, ...] = ()     # naive choices piloted next to the shortlist (REFERENCES)
 
     def to_dict(self) -> dict[str, Any]:
         bpb: Any = self.heldout_bpb_within
@@ -137,6 +142,7 @@ class Plan:
             "candidates": list(self.candidates) if self.candidates is not None else None,
             "description": self.description,
             "stratify": strat,
+            **({"references": list(self.references)} if self.references else {}),
             "path": str(self.path) if self.path else None,
         }
 
@@ -239,9 +245,15 @@ def plan_from_dict(raw: Any, *, source: str = "<plan>", path: Path | None = None
         cands = tuple(cands)
     desc = raw.get("description", "")
     strat, n_strata, edges = _stratify(src, raw.get("stratify"))
+    refs = raw.get("references") or []
+    if not isinstance(refs, list) or any(r not in REFERENCES for r in refs) or len(set(refs)) != len(refs):
+        bad = next((r for r in refs if r not in REFERENCES), None) if isinstance(refs, list) else None
+        raise ProbeSpecError(f"{src}: references must be a list of distinct naive choices from {list(REFERENCES)} "
+                             f"(piloted next to the shortlist), got {refs!r}."
+                             + (did_you_mean(str(bad), REFERENCES) if bad is not None else ""))
     return Plan(proxies=tuple(proxies), heldout_bpb_within=bpb, floors=tuple(floors), aggregation=agg, k=k,
                 candidates=cands, description=str(desc or ""), path=path, stratify=strat, strata=n_strata,
-                strata_edges=edges, heldout_bpb_mode=bpb_mode)
+                strata_edges=edges, heldout_bpb_mode=bpb_mode, references=tuple(refs))
 
 
 def _bpb_within(src: str, raw: Any) -> tuple[float | None, str]:

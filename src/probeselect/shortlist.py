@@ -20,6 +20,7 @@ Plan (YAML; ``recipes/selection.yaml`` is the commented example)::
     k: 3
     candidates: [checkpoint-180, checkpoint-200]   # optional; default every checkpoint
     stratify: {by: steps, strata: 3}   # optional: span the ladder (step/token ranges, or data_windows; below)
+    references: [latest, lowest_bpb]   # optional: pilot the naive choices too (below)
 
 Definitions:
 
@@ -56,6 +57,11 @@ Definitions:
 * Shortlist: eligible checkpoints (candidate, a value on every proxy, every constraint
   passed, not a one-probe winner) ordered by aggregate, then by worst proxy rank (prefer
   consistency), then by earlier step; the first k.
+* ``references``: naive choices piloted next to the shortlist, whatever their probes say:
+  ``latest`` (the candidate with the highest step) and ``lowest_bpb`` (the candidate with the
+  lowest held-out bits per byte). Each one not already shortlisted is appended after the k
+  shortlisted checkpoints (``reference`` column = its rule), so the pilot measures the
+  transfer of the choice the tool must beat under the same matched SFT.
 * ``stratify``: strata of the ladder, fixed by the plan before any score is seen. The best
   eligible checkpoint overall comes first, then the best eligible checkpoint of every other
   stratum (strata in the order of their best checkpoint), then the rest by aggregate, until
@@ -370,6 +376,7 @@ class _Choice:
     chosen: list[str]
     stratum: dict[str, str]  # checkpoint -> stratum label (empty without ``stratify``)
     pos: dict[str, int]  # chosen checkpoint -> shortlist position (1 = first)
+    appended: dict[str, str] = field(default_factory=dict)  # references piloted beyond the shortlist -> rule(s)
 
 
 def _choose(inp: _Inputs, ranking: _Ranking, checks: _Checks, one_probe: dict[str, str],
@@ -388,10 +395,46 @@ def _choose(inp: _Inputs, ranking: _Ranking, checks: _Checks, one_probe: dict[st
         chosen = _stratified(eligible, k, stratum)
         _note_strata(inp, stratum, chosen, table)
     _note_selection(inp, ranking, checks, one_probe, eligible, chosen)
+    refs = _references(inp, table)
+    appended: dict[str, str] = {}  # reference checkpoints piloted in addition to the shortlist -> their rule(s)
+    for rule, c in refs.items():
+        if c in chosen and c not in appended:
+            inp.notes.append(f"reference {rule}: {c} is already shortlisted.")
+            continue
+        if c in appended:
+            inp.notes.append(f"reference {rule}: {c}, the same checkpoint as reference {appended[c]}.")
+        else:
+            chosen = chosen + [c]
+            inp.notes.append(f"reference {rule}: {c} is piloted next to the shortlist (the naive choice the "
+                             "shortlist must beat, measured under the same matched SFT).")
+        appended[c] = ", ".join(filter(None, (appended.get(c), rule)))
     pos = {c: i + 1 for i, c in enumerate(chosen)}
     table["selected"] = [c in pos for c in inp.order]
     table["shortlist_position"] = [pos.get(c, np.nan) for c in inp.order]
-    return _Choice(eligible=eligible, chosen=chosen, stratum=stratum, pos=pos)
+    if inp.plan.references:
+        table["reference"] = [", ".join(r for r, c2 in refs.items() if c2 == c) for c in inp.order]
+    return _Choice(eligible=eligible, chosen=chosen, stratum=stratum, pos=pos, appended=appended)
+
+
+def _references(inp: _Inputs, table: pd.DataFrame) -> dict[str, str]:
+    """The plan's naive choices among the candidates: rule -> checkpoint (a rule with no value is noted)."""
+    out: dict[str, str] = {}
+    for rule in inp.plan.references:
+        if rule == "latest":
+            steps = {c: inp.steps.get(c) for c in inp.cands if pd.notna(inp.steps.get(c))}
+            if steps:
+                out[rule] = max(steps, key=lambda c: (steps[c], inp.order.index(c)))
+            else:
+                out[rule] = inp.cands[-1] if inp.cands else None
+        else:
+            nll = inp.summary[inp.summary["kind"].eq("nll")]
+            bpb = (nll.groupby("checkpoint")["bits_per_byte"].mean().reindex(inp.cands).dropna()
+                   if "bits_per_byte" in nll.columns else pd.Series(dtype=float))
+            out[rule] = None if bpb.empty else str(bpb.idxmin())
+        if out[rule] is None:
+            inp.notes.append(f"reference {rule}: no candidate has the value it needs (step / held-out bits per byte); "
+                             "not piloted.")
+    return {r: c for r, c in out.items() if c is not None}
 
 
 def _note_strata(inp: _Inputs, stratum: dict[str, str], chosen: list[str], table: pd.DataFrame) -> None:
@@ -442,6 +485,8 @@ def _reasons(inp: _Inputs, ranking: _Ranking, checks: _Checks, one_probe: dict[s
     for c in inp.order:
         if c not in cands:
             reasons[c] = "not a candidate: the plan's `candidates:` list leaves it out."
+        elif c in choice.appended:   # before the exclusions: a reference is piloted whatever its probes say
+            reasons[c] = _reference_reason(c, choice, checks, one_probe, ranking)
         elif not ranking.complete[c]:
             missing = [p for p in ranks.columns if pd.isna(ranks.loc[c, p])]
             reasons[c] = f"excluded: no value on proxy {', '.join(missing)}."
@@ -457,6 +502,18 @@ def _reasons(inp: _Inputs, ranking: _Ranking, checks: _Checks, one_probe: dict[s
         if not table.loc[c, "selected"] and c in cands:
             excluded[c] = reasons[c]
     return reasons, excluded
+
+
+def _reference_reason(c: str, choice: _Choice, checks: _Checks, one_probe: dict[str, str], ranking: _Ranking) -> str:
+    """Why a reference checkpoint is piloted, and what the shortlist rules say of it."""
+    what = {"latest": "the latest checkpoint", "lowest_bpb": "the lowest held-out bits per byte"}
+    rules = choice.appended[c].split(", ")
+    said = ("; left out of the shortlist as a one-probe winner: " + one_probe[c] if c in one_probe
+            else "; it fails " + "; ".join(checks.fails[c]) if checks.fails[c]
+            else f"; its aggregate {ranking.agg[c]:.3g} is behind the shortlist" if pd.notna(ranking.agg[c])
+            else "; it has no value on some proxy")
+    return (f"reference #{choice.pos[c]} ({' and '.join(what[r] for r in rules)}): the naive choice, piloted next to "
+            f"the shortlist{said}.")
 
 
 def _shortlisted_reason(c: str, inp: _Inputs, ranking: _Ranking, checks: _Checks, choice: _Choice) -> str:
@@ -491,7 +548,9 @@ def _write(inp: _Inputs, table: pd.DataFrame, ranking: _Ranking, one_probe: dict
         run_created_utc=(run.manifest or {}).get("created_utc"),
         n_candidates=len(inp.cands),
         selected=[{"checkpoint": c, "step": inp.steps.get(c), "position": choice.pos[c],
-                   "aggregate": float(ranking.agg[c]), "reason": reasons[c]} for c in choice.chosen],
+                   "aggregate": float(ranking.agg[c]) if pd.notna(ranking.agg[c]) else None,
+                   **({"reference": choice.appended[c]} if c in choice.appended else {}),
+                   "reason": reasons[c]} for c in choice.chosen],
         one_probe_winners=one_probe,
         notes=inp.notes,
         table="shortlist.csv",
