@@ -451,3 +451,31 @@ def test_batched_kill_resume_reload_manifests_and_all_skipped(tiny_ladder, tmp_p
             == "complete"
     finally:
         torch.set_num_threads(threads)
+
+
+def test_grad_accum_not_split_by_the_process_count_is_the_single_run_error(tiny_ladder, tmp_path, monkeypatch):
+    """Under W processes each rank takes micro-batches rank::W of every run: grad_accum must be a multiple
+    of W, refused with the single-run loop's own RecipeError before anything is written."""
+    from probeselect.sft import loop as loop_mod
+
+    real = loop_mod._make_accelerator
+
+    class TwoProcesses:  # the accelerator a 2-process launch would give, as far as the check reads it
+        num_processes = 2
+
+        def __init__(self, acc):
+            self._acc = acc
+
+        def __getattr__(self, name):
+            return getattr(self._acc, name)
+
+    fake = lambda device, precision: TwoProcesses(real(device, precision))  # noqa: E731
+    monkeypatch.setattr(loop_mod, "_make_accelerator", fake)
+    monkeypatch.setattr(batched_mod, "_make_accelerator", fake)
+    recipe = small_recipe(tiny_ladder, seeds=SEEDS, optimizer__grad_accum=3)
+    with pytest.raises(RecipeError, match=r"grad_accum=3 must be a multiple of the process count \(2\)") as single:
+        _single(tiny_ladder, tmp_path / "single", recipe, SEEDS[0])
+    with pytest.raises(RecipeError) as bat:
+        _batched(tiny_ladder, tmp_path / "batched", recipe)
+    assert str(bat.value) == str(single.value)
+    assert not (tmp_path / "batched").exists()
