@@ -104,7 +104,8 @@ def test_batched_seeds_two_processes_match_one_with_resume(tiny_ladder, tmp_path
     launcher = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or shutil.which("accelerate")
     if launcher is None:
         pytest.skip("accelerate CLI not installed")
-    first = {s: r.rows[0]["grad_norm_preclip"] for s, r in _one_process(tiny_ladder, tmp_path / "probe", None, 1).items()}
+    probe = _one_process(tiny_ladder, tmp_path / "probe", None, 1)
+    first = {s: r.rows[0]["grad_norm_preclip"] for s, r in probe.items()}
     assert _rel(first[0], first[1]) > 0.05, first
     tau = math.sqrt(first[0] * first[1])  # at step 1 exactly one run clips
     lr = small_recipe(tiny_ladder).optimizer.lr
@@ -150,9 +151,10 @@ def test_batched_seeds_two_processes_match_one_with_resume(tiny_ladder, tmp_path
             worst[key] = max(worst.get(key, 0.0), *vals)
             assert max(vals) < REL, (s, key, vals)
         sd, bd = tmp_path / "one" / f"seed{s}", ddp / f"seed{s}"
-        assert json.loads((sd / "data_manifest.json").read_text()) == json.loads((bd / "data_manifest.json").read_text())
+        manifests = [json.loads((d / "data_manifest.json").read_text()) for d in (sd, bd)]
+        assert manifests[0] == manifests[1]
         final = f"state/step-{STEPS:06d}"
-        wa, wb = load_file(str(sd / final / "trainable.safetensors")), load_file(str(bd / final / "trainable.safetensors"))
+        wa, wb = (load_file(str(d / final / "trainable.safetensors")) for d in (sd, bd))
         assert wa.keys() == wb.keys() and wa
         for n in wa:
             torch.testing.assert_close(wb[n], wa[n], rtol=0, atol=lr / 100)
