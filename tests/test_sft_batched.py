@@ -269,7 +269,7 @@ def test_batch_seeds_key_default_and_fallbacks(tiny_ladder, tmp_path):
     assert not_batchable_reason(off) == "batch_seeds: false"
     assert "full fine-tuning" in not_batchable_reason(small_recipe(tiny_ladder, method={"type": "full"}))
     assert "dropout" in not_batchable_reason(small_recipe(tiny_ladder, method={"type": "lora", "dropout": 0.1}))
-    assert "processes" in not_batchable_reason(base, world_size=2)
+    assert not_batchable_reason(base) is None  # several processes batch too (tests/test_sft_batched_ddp.py)
     with pytest.raises(RecipeError, match="batch_seeds: expected true, false or null"):
         small_recipe(tiny_ladder, batch_seeds="yes")
     with pytest.raises(NotBatchable, match="method.dropout"):
@@ -451,3 +451,31 @@ def test_batched_kill_resume_reload_manifests_and_all_skipped(tiny_ladder, tmp_p
             == "complete"
     finally:
         torch.set_num_threads(threads)
+
+
+def test_grad_accum_not_split_by_the_process_count_is_the_single_run_error(tiny_ladder, tmp_path, monkeypatch):
+    """Under W processes each rank takes micro-batches rank::W of every run: grad_accum must be a multiple
+    of W, refused with the single-run loop's own RecipeError before anything is written."""
+    from probeselect.sft import loop as loop_mod
+
+    real = loop_mod._make_accelerator
+
+    class TwoProcesses:  # the accelerator a 2-process launch would give, as far as the check reads it
+        num_processes = 2
+
+        def __init__(self, acc):
+            self._acc = acc
+
+        def __getattr__(self, name):
+            return getattr(self._acc, name)
+
+    fake = lambda device, precision: TwoProcesses(real(device, precision))  # noqa: E731
+    monkeypatch.setattr(loop_mod, "_make_accelerator", fake)
+    monkeypatch.setattr(batched_mod, "_make_accelerator", fake)
+    recipe = small_recipe(tiny_ladder, seeds=SEEDS, optimizer__grad_accum=3)
+    with pytest.raises(RecipeError, match=r"grad_accum=3 must be a multiple of the process count \(2\)") as single:
+        _single(tiny_ladder, tmp_path / "single", recipe, SEEDS[0])
+    with pytest.raises(RecipeError) as bat:
+        _batched(tiny_ladder, tmp_path / "batched", recipe)
+    assert str(bat.value) == str(single.value)
+    assert not (tmp_path / "batched").exists()

@@ -546,8 +546,7 @@ class _Pairs:
         """Train the seeds ``todo`` of ``ckpt`` together: ``({seed: TrainResult or error}, None)``, or
         ``({}, why not)`` when they cannot be batched (then they are trained one at a time)."""
         recipe, out, on_step = self.recipe, self.out, self.on_step
-        why = ("one seed to train" if len(todo) < 2 else
-               not_batchable_reason(recipe, int(os.environ.get("WORLD_SIZE", "1"))))
+        why = "one seed to train" if len(todo) < 2 else not_batchable_reason(recipe)
         if not (todo and why is None):
             return {}, why
         cb = (lambda seed, step, row, _n=ckpt.name: on_step(_n, seed, step, row)) if on_step else None

@@ -1,4 +1,4 @@
-"""Batched seeds: the S LoRA runs of one base trained together in one process.
+"""Batched seeds: the S LoRA runs of one base trained together (one process or data parallel).
 
 The frozen base is loaded once; every adapted linear layer is replaced by a
 :class:`BatchedLoRALinear` that applies the base weight once to the concatenated micro-batches
@@ -16,9 +16,19 @@ nonfinite run fails or skips alone; the others continue), ``train_log.jsonl``, `
 resume; the files are kept by the single-run path's :class:`probeselect.sft._runbook.RunBook`. A run resumed from a state trains with whichever runs are at the same step.
 
 Batching needs: LoRA with ``method.dropout: 0``, no active dropout in the base (config
-``*dropout*``/``*pdrop*`` all 0), precision fp32 or bf16 (fp16's loss-scale retries are per
-step, not per run) and one process. Otherwise :class:`NotBatchable` is raised before anything
-is written and the caller runs the seeds one at a time.
+``*dropout*``/``*pdrop*`` all 0) and precision fp32 or bf16 (fp16's loss-scale retries are per
+step, not per run). Otherwise :class:`NotBatchable` is raised before anything is written and the
+caller runs the seeds one at a time.
+
+Several processes (``torchrun`` / ``accelerate launch``; plain DDP, gloo on CPU, nccl on CUDA) split
+every run's micro-batches as the single-run loop does (rank ``r`` of ``W`` takes micro-batches
+``r, r+W, ...``; ``grad_accum`` must be a multiple of ``W``). Each rank runs the base once on the
+concatenated rows of all runs' micro-batches it holds; the stacked LoRA gradients and the runs' loss
+sums are then summed over the ranks in one flattened all-reduce per step (the losses are already
+token-weighted over the whole effective batch, so the sum is the 1-process gradient). The norms,
+clip coefficients and nonfinite decisions are rank 0's, broadcast, so every rank clips, skips or
+fails the same runs; only rank 0 writes logs, lineage, manifests and state files (every rank its own
+RNG file, as in the single-run loop) and computes held-out losses.
 
 Micro-batches are packed (:data:`PACKED`): each run's examples are concatenated into one row
 with position ids restarting at every example and no attention mask, so transformers attends
@@ -49,8 +59,8 @@ from ..errors import RecipeError
 from ._runbook import RunBook
 from .data import IGNORE, EncodedExample, collate
 from .diagnostics import UpdateNorms, grad_norms_many, summarize_layer_norms
-from .loop import (PRECISION, TrainResult, _base_forward_nonfinite, _make_accelerator, clip_and_step,
-                   make_optimizer, seed_process)
+from .loop import (PRECISION, TrainResult, _base_forward_nonfinite, _check_accelerate_setup, _make_accelerator,
+                   check_grad_accum_split, clip_and_step, make_optimizer, seed_process)
 from .recipe import Recipe
 from .state import rng_state
 
@@ -67,7 +77,7 @@ class NotBatchable(Exception):
     """The recipe/base/setup cannot be trained with batched seeds; run the seeds one at a time."""
 
 
-def not_batchable_reason(recipe: Recipe, world_size: int = 1) -> str | None:
+def not_batchable_reason(recipe: Recipe) -> str | None:
     """Why ``recipe`` cannot batch seeds (before loading the base), or None."""
     if recipe.method.type != "lora":
         return "full fine-tuning trains one seed at a time"
@@ -77,8 +87,6 @@ def not_batchable_reason(recipe: Recipe, world_size: int = 1) -> str | None:
         return f"method.dropout={recipe.method.dropout} (per-run dropout masks are not batched)"
     if recipe.precision == "fp16":
         return "precision fp16 (loss-scale retries are per step, not per run)"
-    if world_size > 1:
-        return f"{world_size} processes (batched seeds run in one process)"
     return None
 
 
@@ -287,19 +295,22 @@ def train_seeds(base: str | Path, recipe: Recipe, seeds: Sequence[int], run_dirs
     Raises :class:`NotBatchable` (nothing written) when the setup cannot be batched."""
     packed = PACKED if packed is None else packed
     acc = _make_accelerator(device, PRECISION[recipe.precision])
-    why = not_batchable_reason(recipe, acc.num_processes)
+    why = not_batchable_reason(recipe)
     if why is None and acc.scaler is not None:
         why = "a grad scaler is configured"
     if why:
         raise NotBatchable(why)
+    _check_accelerate_setup(acc, recipe)
+    check_grad_accum_split(recipe, acc.num_processes)
     dev = acc.device
     base = Path(base)
     model, packed = _load_base(base, recipe, manifests, examples, pad_id, dev, packed)
+    packed = bool(_from_rank0(acc, [packed])[0])  # every rank lays out its rows alike
     opt_cfg = recipe.optimizer
     rows_ctx = _Rows()
-    runs = _attach_runs(model, base, recipe, seeds, run_dirs, manifests, base_fingerprint, dev, rows_ctx)
+    runs = _attach_runs(model, base, recipe, seeds, run_dirs, manifests, base_fingerprint, dev, rows_ctx, acc)
 
-    _start(runs, seeds, packed)
+    _start(runs, seeds, packed, acc)
     active = [r for r in runs if r.status == "active"]
     start = min((r.book.cursor for r in active), default=0)
     end = max((r.book.n_steps for r in active), default=0)
@@ -316,16 +327,18 @@ def train_seeds(base: str | Path, recipe: Recipe, seeds: Sequence[int], run_dirs
         lrs = [r.optimizer.param_groups[0]["lr"] for r in now]
         losses = _forward_backward(acc, model, rows_ctx, now, infos, examples, pad_id, opt_cfg.micro_batch_size,
                                    packed)
-        stepped = _update(model, base, recipe, s, now, infos, losses, lrs)
+        stepped = _update(acc, model, base, recipe, s, now, infos, losses, lrs)
         eval_runs = [r for r in now if r.status == "active" and recipe.eval_every and heldout
                      and ((s + 1) % recipe.eval_every == 0 or s + 1 == r.book.n_steps)]
         if stepped:  # the actual update norms of all stepped runs, one host sync
             for r, u in zip(stepped, torch.stack([r.update.after() for r in stepped]).tolist()):
                 r.row["update_norm"] = u
-        if eval_runs:
-            for r, h in zip(eval_runs, _heldout_losses(model, rows_ctx, eval_runs, heldout, pad_id=pad_id,
-                                                       device=dev)):
-                r.row["heldout_loss"] = h
+        if eval_runs:  # rank 0 only (its rows are the ones written), as in the single-run loop
+            if acc.is_main_process:
+                for r, h in zip(eval_runs, _heldout_losses(model, rows_ctx, eval_runs, heldout, pad_id=pad_id,
+                                                           device=dev)):
+                    r.row["heldout_loss"] = h
+            acc.wait_for_everyone()
         dt = (time.perf_counter() - t0) / len(now)  # the step's wall time, shared evenly by its runs
         for r in now:
             if r.status != "active":
@@ -342,32 +355,41 @@ def train_seeds(base: str | Path, recipe: Recipe, seeds: Sequence[int], run_dirs
         bar.update(1)
     bar.close()
     return {r.seed: r.error if r.status == "failed" else
-            TrainResult(r.book.run_dir, None, r.book.rows, r.book.summary(), r.book.lineage, True, dev,
+            TrainResult(r.book.run_dir, None, r.book.rows, r.book.summary(), r.book.lineage, acc.is_main_process, dev,
                         r.steps_trained, model_loader=_loader(base, recipe, r.seed, dev, r.weights()))
             for r in runs}
 
 
-def _start(runs: Sequence[_Run], seeds: Sequence[int], packed: bool) -> None:
-    """Per-run bookkeeping, exactly as the single-run loop: resume point, log, lineage, manifest.
-    A run already at its last step is ``finished``; every other run opens a segment."""
+def _start(runs: Sequence[_Run], seeds: Sequence[int], packed: bool, acc) -> None:
+    """Per-run bookkeeping, exactly as the single-run loop: resume point, log, lineage, manifest
+    (this rank's RNG streams: seeded per rank, or the state's ``rng-rank<r>.pt``). A run already at
+    its last step is ``finished``; every other run opens a segment (after every rank has read the
+    lineage, so that all ranks number it alike)."""
+    if acc.is_main_process:
+        for run in runs:
+            run.book.run_dir.mkdir(parents=True, exist_ok=True)
+    acc.wait_for_everyone()
     for run in runs:
-        run.book.run_dir.mkdir(parents=True, exist_ok=True)
-        seed_process(run.seed, 0)
+        seed_process(run.seed, acc.process_index)
         finished = run.book.resume()
         run.book.own_rng = rng_state()  # the state's RNG streams, or the run's seeded ones
         if finished:
             run.status = "finished"
-            continue
-        run.book.open_segment(batched_seeds=[int(s) for s in seeds], packed=bool(packed))
+    acc.wait_for_everyone()
+    for run in runs:
+        if run.status == "active":
+            run.book.open_segment(batched_seeds=[int(s) for s in seeds], packed=bool(packed))
 
 
-def _update(model, base: Path, recipe: Recipe, s: int, now: Sequence[_Run], infos: Sequence[dict[str, Any]],
+def _update(acc, model, base: Path, recipe: Recipe, s: int, now: Sequence[_Run], infos: Sequence[dict[str, Any]],
             losses: Sequence[float], lrs: Sequence[float]) -> list[_Run]:
     """Step ``s`` of every run in ``now`` after its backward: per run, its own global-norm clipping
     and AdamW step, or its nonfinite handling (a run that fails, fails alone: ``failed``, with
     its error); each other run's log row goes to ``run.row`` (update norm still 0.0). Returns the
-    runs that applied an update."""
+    runs that applied an update. Under several processes the (all-reduced) gradients' norms are
+    rank 0's, so every rank clips, skips and fails the same runs by the same numbers."""
     norms = grad_norms_many([r.named for r in now])  # every run's norms: one fused kernel, one host sync
+    norms = _from_rank0(acc, norms)
     stepped = []
     for r, info, loss, (norm, layer_norms), lr in zip(now, infos, losses, norms, lrs):
         layer = summarize_layer_norms(layer_norms)
@@ -416,7 +438,8 @@ def _load_base(base: Path, recipe: Recipe, manifests: Sequence[dict[str, Any]],
 
 
 def _attach_runs(model, base: Path, recipe: Recipe, seeds: Sequence[int], run_dirs: Sequence[str | Path],
-                 manifests: Sequence[dict[str, Any]], base_fingerprint: str | None, dev, rows_ctx: _Rows) -> list[_Run]:
+                 manifests: Sequence[dict[str, Any]], base_fingerprint: str | None, dev, rows_ctx: _Rows,
+                 acc) -> list[_Run]:
     """One :class:`_Run` per seed, with the single-run path's LoRA initialisation, its optimizer and
     schedule and its book; every adapted layer of ``model`` is replaced by a :class:`BatchedLoRALinear`
     over all runs' factors (then ``model`` is in training mode)."""
@@ -435,7 +458,9 @@ def _attach_runs(model, base: Path, recipe: Recipe, seeds: Sequence[int], run_di
             layers[path][1].append(b)
         params = [p for _, p in named]
         optimizer, scheduler = make_optimizer(params, recipe.optimizer, man["n_steps"])
-        book = RunBook(rd, recipe, man, base_fingerprint, model=_View(named), optimizer=optimizer, scheduler=scheduler)
+        book = RunBook(rd, recipe, man, base_fingerprint, model=_View(named), optimizer=optimizer, scheduler=scheduler,
+                       world=acc.num_processes, rank=acc.process_index, is_main=acc.is_main_process,
+                       barrier=acc.wait_for_everyone)
         runs.append(_Run(k, seed, named, optimizer, scheduler, book, UpdateNorms(params)))
     for path, (A, B, sc) in layers.items():
         _set_module(model, path, BatchedLoRALinear(model.get_submodule(path), A, B, sc, rows_ctx))
@@ -447,9 +472,11 @@ def _forward_backward(acc, model, rows_ctx: _Rows, now: Sequence[_Run], infos: S
                       examples: Mapping[str, EncodedExample], pad_id: int, mbs: int, packed: bool) -> list[float]:
     """One optimizer step of every run in ``now`` (manifest steps ``infos``): the runs' ``j``-th
     micro-batches go through the model together; one backward of ``sum_k nll_k / N_k`` accumulates
-    each run's own token-weighted gradient. Returns the runs' losses (nats per supervised token)."""
-    dev = acc.device
-    micro = [[info["ids"][i: i + mbs] for i in range(0, len(info["ids"]), mbs)] for info in infos]
+    each run's own token-weighted gradient. With ``W`` processes this rank takes micro-batches
+    ``rank, rank+W, ...`` of every run and the gradients and loss sums are summed over the ranks
+    (:func:`_all_reduce_sum`). Returns the runs' losses (nats per supervised token)."""
+    dev, rank, world = acc.device, acc.process_index, acc.num_processes
+    micro = [[info["ids"][i: i + mbs] for i in range(0, len(info["ids"]), mbs)][rank::world] for info in infos]
     local = torch.zeros(len(now), dtype=torch.float32, device=dev)
     for j in range(max(len(m) for m in micro)):
         part = [(r, m[j]) for r, m in zip(now, micro) if j < len(m)]
@@ -467,7 +494,37 @@ def _forward_backward(acc, model, rows_ctx: _Rows, now: Sequence[_Run], infos: S
         (nll * scale).sum().backward()
         idx = torch.tensor([now.index(r) for r, _ in part], device=dev)
         local.index_add_(0, idx, nll.detach().float())
+    if world > 1:
+        local = _all_reduce_sum([p for r in now for p in r.params], local)
     return [float(x) / info["sup_tokens"] for x, info in zip(local.tolist(), infos)]
+
+
+def _all_reduce_sum(params: Sequence[torch.nn.Parameter], extra: torch.Tensor) -> torch.Tensor:
+    """Sum the gradients of ``params`` (a missing one counts as zeros) and ``extra`` over all
+    processes in one flattened all-reduce; the summed gradients are written back. Returns the
+    summed ``extra``."""
+    import torch.distributed as dist
+
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1).float() for g in grads] + [extra.reshape(-1).float()])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    i = 0
+    for p, g in zip(params, grads):
+        n = g.numel()
+        p.grad = flat[i: i + n].view_as(g).to(g.dtype)
+        i += n
+    return flat[i:].view_as(extra).to(extra.dtype)
+
+
+def _from_rank0(acc, values: list) -> list:
+    """``values`` as rank 0 has them (a picklable list; itself with one process)."""
+    if acc.num_processes == 1:
+        return values
+    import torch.distributed as dist
+
+    box = [values if acc.is_main_process else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def _loader(base: Path, recipe: Recipe, seed: int, dev, weights: dict[str, torch.Tensor]) -> Callable[[], Any]:

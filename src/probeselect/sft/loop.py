@@ -207,6 +207,15 @@ def _check_accelerate_setup(acc, recipe: Recipe) -> None:
             "(optimizer.grad_accum); unset the variable / set gradient_accumulation_steps: 1.")
 
 
+def check_grad_accum_split(recipe: Recipe, world: int) -> None:
+    """RecipeError unless ``optimizer.grad_accum`` splits evenly over ``world`` processes (each
+    rank runs micro-batches ``rank, rank+W, ...`` of every step; shared with the batched-seeds loop)."""
+    if recipe.optimizer.grad_accum % world:
+        raise RecipeError(f"{recipe.source}: optimizer.grad_accum={recipe.optimizer.grad_accum} must be a multiple of "
+                          f"the process count ({world}); micro-batches are split across processes so the effective "
+                          "batch and the data manifest stay the same.")
+
+
 def train(base: str | Path, recipe: Recipe, seed: int, run_dir: str | Path, *, manifest: dict[str, Any],
           examples: Mapping[str, EncodedExample], pad_id: int, base_fingerprint: str | None = None,
           heldout: Sequence[EncodedExample] | None = None, device: str = "auto", progress: bool = True,
@@ -222,10 +231,7 @@ def train(base: str | Path, recipe: Recipe, seed: int, run_dir: str | Path, *, m
     rank, world = acc.process_index, acc.num_processes
     is_main = acc.is_main_process
     opt_cfg = recipe.optimizer
-    if opt_cfg.grad_accum % world:
-        raise RecipeError(f"{recipe.source}: optimizer.grad_accum={opt_cfg.grad_accum} must be a multiple of the "
-                          f"process count ({world}); micro-batches are split across processes so the effective "
-                          "batch and the data manifest stay the same.")
+    check_grad_accum_split(recipe, world)
     if is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
     acc.wait_for_everyone()
