@@ -223,11 +223,12 @@ def test_the_naive_choices_are_set_against_the_top_base(tmp_path):
     assert latest == "checkpoint-60" and latest in BASES
     sel = _selection()
     b = next(x for x in sel["bases"] if x["base"] == latest)
-    b.update(diff_vs_top=-1.0, diff_vs_top_lo=-1.6, diff_vs_top_hi=-0.4)
+    b.update(diff_vs_top=1.0, diff_vs_top_lo=-0.4, diff_vs_top_hi=2.4)   # oriented: top - base
     _, lines = _write(tmp_path / "a", sel)
     naive = [ln for ln in lines if ln.startswith("**Against the naive choices**")]
     assert naive == [f"**Against the naive choices**: `{latest}` (the latest checkpoint) has task_logprob -2 "
-                     "(95% interval -3 to -1.5); difference to the top `checkpoint-40` -1 (95% interval -1.6 to -0.4)."]
+                     "(95% interval -3 to -1.5); the top `checkpoint-40` is ahead of it by 1 (95% interval -0.4 to 2.4; "
+                     "an interval reaching below 0 does not rule out the naive choice)."]
     sel = _selection(runner_up="checkpoint-50")
     sel["bases"] = [x for x in sel["bases"] if x["base"] != latest]
     _, lines = _write(tmp_path / "b", sel)

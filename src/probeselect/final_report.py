@@ -232,9 +232,9 @@ def _naive_bullet(sel: dict, run_dir: Path, metric: str, level: float) -> str | 
         elif c == top:
             parts.append(f"{who} is the top base ({metric} {_g(b.get('value'))})")
         else:
-            d = (f"; difference to the top `{top}` {_g(b.get('diff_vs_top'))} ({_pct(level)} interval "
-                 f"{_g(b.get('diff_vs_top_lo'))} to {_g(b.get('diff_vs_top_hi'))})" if b.get("diff_vs_top") is not None
-                 else "")
+            d = (f"; the top `{top}` is ahead of it by {_g(b.get('diff_vs_top'))} ({_pct(level)} interval "
+                 f"{_g(b.get('diff_vs_top_lo'))} to {_g(b.get('diff_vs_top_hi'))}; an interval reaching below 0 does "
+                 "not rule out the naive choice)" if b.get("diff_vs_top") is not None else "")
             parts.append(f"{who} has {metric} {_g(b.get('value'))} ({_pct(level)} interval {_g(b.get('ci_lo'))} to "
                          f"{_g(b.get('ci_hi'))}){d}")
     return "**Against the naive choices**: " + "; ".join(parts) + "."
