@@ -444,6 +444,112 @@ def _sha256_docs(docs: list[str]) -> str:
     return hashlib.sha256("\x1e".join(docs).encode()).hexdigest()
 
 
+@dataclass(frozen=True)
+class _BuildSpec:
+    """The arguments of :func:`build_toy_ladder`, checked and resolved."""
+
+    seed: int
+    arch: str
+    mcfg: dict
+    cur: Curriculum
+    cfg: TrainConfig
+    steps: int
+    save_every: int
+    num_threads: int
+    out: Path
+
+
+def _resolve_build(out_dir, *, seed, steps, save_every, model_overrides, train_overrides, num_threads, curriculum,
+                   arch) -> _BuildSpec:
+    """Check :func:`build_toy_ladder`'s arguments, resolve its defaults and curriculum, create ``out_dir``."""
+    if arch not in TOY_ARCHS:
+        raise UsageError(f"toy-ladder: unknown --arch {arch!r}; choose one of {', '.join(TOY_ARCHS)}.")
+    mcfg = _arch_config_kwargs(arch, {**DEFAULT_MODEL_CONFIG, **(model_overrides or {})})
+    builtin = curriculum is None or (isinstance(curriculum, str) and curriculum in BUILTIN_CURRICULA)
+    if steps is None and (builtin or isinstance(curriculum, Curriculum)):
+        steps = DEFAULT_STEPS if builtin else curriculum.steps
+    steps = None if steps is None else int(steps)
+    save_every = DEFAULT_SAVE_EVERY if save_every is None else int(save_every)
+    if steps is not None and steps < 1:
+        raise UsageError(f"toy-ladder: --steps must be a positive number of optimizer steps, got {steps}.")
+    if save_every < 1:
+        raise UsageError(f"toy-ladder: --save-every must be a positive number of steps, got {save_every}.")
+    if Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise UsageError(f"toy-ladder: OUT_DIR {out_dir} is a file; pass a folder (it is created if missing).")
+    cur = load_curriculum(curriculum, steps)
+    cfg = TrainConfig(**{**cur.train, **(train_overrides or {})})  # the build's overrides win over the curriculum's
+    if cfg.seq_len % cfg.short_len:
+        raise ValueError("seq_len must be a multiple of short_len")
+    if num_threads is None:
+        num_threads = int(os.environ.get("PROBESELECT_TOY_THREADS") or DEFAULT_NUM_THREADS)
+    num_threads = max(1, int(num_threads))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return _BuildSpec(seed=seed, arch=arch, mcfg=mcfg, cur=cur, cfg=cfg, steps=cur.steps, save_every=save_every,
+                      num_threads=num_threads, out=out)
+
+
+@dataclass(frozen=True)
+class _Corpus:
+    """The pretraining documents of every window (``win_docs``) with their kind indices
+    (``win_kinds``, into :data:`DOC_KINDS`), all of them in order (``docs``, sha256 ``sha256``),
+    and the files of ``data/`` (``data_paths``)."""
+
+    win_docs: list[list[str]]
+    win_kinds: list[list[int]]
+    docs: list[str]
+    sha256: str
+    data_paths: dict
+
+
+def _build_corpus(world: ToyWorld, cur: Curriculum, cfg: TrainConfig, out: Path) -> _Corpus:
+    """Draw every window's documents and write ``data/``."""
+    from .data import write_toy_data
+
+    kind_index = {k: i for i, k in enumerate(DOC_KINDS)}
+    win_pairs = curriculum_corpus(world, cur, cfg.corpus_docs)
+    win_docs = [[d for _, d in pairs] for pairs in win_pairs]
+    win_kinds = [[kind_index[k] for k, _ in pairs] for pairs in win_pairs]
+    docs = [d for ds in win_docs for d in ds]
+    corpus_sha = _sha256_docs(docs)
+    data_paths = write_toy_data(world, out / "data", corpus_docs=docs)
+    return _Corpus(win_docs=win_docs, win_kinds=win_kinds, docs=docs, sha256=corpus_sha, data_paths=data_paths)
+
+
+def _pack_windows(tokenizer, cur: Curriculum, corpus: _Corpus, cfg: TrainConfig) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every window's documents packed into ``seq_len`` rows, as ``(token ids, kind indices)``."""
+    win_data = []
+    for w, ds, ks in zip(cur.windows, corpus.win_docs, corpus.win_kinds):
+        data, kind = pack_documents_with_kinds(tokenizer, ds, ks, cfg.seq_len)
+        if data.shape[0] < cfg.batch_size:
+            raise RuntimeError(f"corpus of window {w.name!r} too small: {data.shape[0]} packed rows < batch_size "
+                               f"{cfg.batch_size} (raise corpus_docs or lengthen the window)")
+        win_data.append((data, kind))
+    return win_data
+
+
+def _init_model(arch: str, tokenizer, mcfg: dict, seed: int):
+    """A randomly initialised (seeded) causal LM of ``arch`` over ``tokenizer``'s vocabulary, greedy by default."""
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    torch.manual_seed(seed)
+    config = AutoConfig.for_model(
+        arch,
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **mcfg,
+    )
+    model = AutoModelForCausalLM.from_config(config)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, do_sample=False,
+    )
+    return model
+
+
+
 def build_toy_ladder(
     out_dir,
     *,
@@ -500,71 +606,22 @@ def build_toy_ladder(
         arch: model family, one of :data:`TOY_ARCHS` (default ``"llama"``): the same
             corpus, tokenizer and curriculum on a same-size model of that family.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
-
     from .._io import atomic_write_json
-    from .data import write_toy_data
 
     t0 = time.time()
-    if arch not in TOY_ARCHS:
-        raise UsageError(f"toy-ladder: unknown --arch {arch!r}; choose one of {', '.join(TOY_ARCHS)}.")
-    mcfg = _arch_config_kwargs(arch, {**DEFAULT_MODEL_CONFIG, **(model_overrides or {})})
-    builtin = curriculum is None or (isinstance(curriculum, str) and curriculum in BUILTIN_CURRICULA)
-    if steps is None and (builtin or isinstance(curriculum, Curriculum)):
-        steps = DEFAULT_STEPS if builtin else curriculum.steps
-    steps = None if steps is None else int(steps)
-    save_every = DEFAULT_SAVE_EVERY if save_every is None else int(save_every)
-    if steps is not None and steps < 1:
-        raise UsageError(f"toy-ladder: --steps must be a positive number of optimizer steps, got {steps}.")
-    if save_every < 1:
-        raise UsageError(f"toy-ladder: --save-every must be a positive number of steps, got {save_every}.")
-    if Path(out_dir).exists() and not Path(out_dir).is_dir():
-        raise UsageError(f"toy-ladder: OUT_DIR {out_dir} is a file; pass a folder (it is created if missing).")
-    cur = load_curriculum(curriculum, steps)
-    steps = cur.steps
-    cfg = TrainConfig(**{**cur.train, **(train_overrides or {})})  # the build's overrides win over the curriculum's
-    if cfg.seq_len % cfg.short_len:
-        raise ValueError("seq_len must be a multiple of short_len")
-    if num_threads is None:
-        num_threads = int(os.environ.get("PROBESELECT_TOY_THREADS") or DEFAULT_NUM_THREADS)
-    num_threads = max(1, int(num_threads))
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    b = _resolve_build(out_dir, seed=seed, steps=steps, save_every=save_every, model_overrides=model_overrides,
+                       train_overrides=train_overrides, num_threads=num_threads, curriculum=curriculum, arch=arch)
+    cur, cfg, steps, save_every, num_threads, out, mcfg = b.cur, b.cfg, b.steps, b.save_every, b.num_threads, b.out, b.mcfg
 
     with _deterministic_torch(num_threads):
         world = ToyWorld.generate(seed)
-        kind_index = {k: i for i, k in enumerate(DOC_KINDS)}
-        win_pairs = curriculum_corpus(world, cur, cfg.corpus_docs)
-        win_docs = [[d for _, d in pairs] for pairs in win_pairs]
-        win_kinds = [[kind_index[k] for k, _ in pairs] for pairs in win_pairs]
-        docs = [d for ds in win_docs for d in ds]
-        corpus_sha = _sha256_docs(docs)
-        data_paths = write_toy_data(world, out / "data", corpus_docs=docs)
-
+        corpus = _build_corpus(world, cur, cfg, out)
+        win_docs, win_kinds, docs, corpus_sha, data_paths = (corpus.win_docs, corpus.win_kinds, corpus.docs,
+                                                             corpus.sha256, corpus.data_paths)
         tokenizer = train_tokenizer(docs)
-        win_data = []
-        for w, ds, ks in zip(cur.windows, win_docs, win_kinds):
-            data, kind = pack_documents_with_kinds(tokenizer, ds, ks, cfg.seq_len)
-            if data.shape[0] < cfg.batch_size:
-                raise RuntimeError(f"corpus of window {w.name!r} too small: {data.shape[0]} packed rows < batch_size "
-                                   f"{cfg.batch_size} (raise corpus_docs or lengthen the window)")
-            win_data.append((data, kind))
+        win_data = _pack_windows(tokenizer, cur, corpus, cfg)
         n_rows = sum(d.shape[0] for d, _ in win_data)
-
-        torch.manual_seed(seed)
-        config = AutoConfig.for_model(
-            arch,
-            vocab_size=len(tokenizer),
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-            **mcfg,
-        )
-        model = AutoModelForCausalLM.from_config(config)
-        model.generation_config = GenerationConfig(
-            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id, do_sample=False,
-        )
+        model = _init_model(arch, tokenizer, mcfg, seed)
         n_params = sum(p.numel() for p in model.parameters())
 
         decay, no_decay = [], []
