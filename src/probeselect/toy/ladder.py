@@ -516,7 +516,8 @@ def _build_corpus(world: ToyWorld, cur: Curriculum, cfg: TrainConfig, out: Path)
     return _Corpus(win_docs=win_docs, win_kinds=win_kinds, docs=docs, sha256=corpus_sha, data_paths=data_paths)
 
 
-def _pack_windows(tokenizer, cur: Curriculum, corpus: _Corpus, cfg: TrainConfig) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _pack_windows(tokenizer, cur: Curriculum, corpus: _Corpus,
+                  cfg: TrainConfig) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Every window's documents packed into ``seq_len`` rows, as ``(token ids, kind indices)``."""
     win_data = []
     for w, ds, ks in zip(cur.windows, corpus.win_docs, corpus.win_kinds):
