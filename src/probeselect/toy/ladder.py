@@ -444,6 +444,113 @@ def _sha256_docs(docs: list[str]) -> str:
     return hashlib.sha256("\x1e".join(docs).encode()).hexdigest()
 
 
+@dataclass(frozen=True)
+class _BuildSpec:
+    """The arguments of :func:`build_toy_ladder`, checked and resolved."""
+
+    seed: int
+    arch: str
+    mcfg: dict
+    cur: Curriculum
+    cfg: TrainConfig
+    steps: int
+    save_every: int
+    num_threads: int
+    out: Path
+
+
+def _resolve_build(out_dir, *, seed, steps, save_every, model_overrides, train_overrides, num_threads, curriculum,
+                   arch) -> _BuildSpec:
+    """Check :func:`build_toy_ladder`'s arguments, resolve its defaults and curriculum, create ``out_dir``."""
+    if arch not in TOY_ARCHS:
+        raise UsageError(f"toy-ladder: unknown --arch {arch!r}; choose one of {', '.join(TOY_ARCHS)}.")
+    mcfg = _arch_config_kwargs(arch, {**DEFAULT_MODEL_CONFIG, **(model_overrides or {})})
+    builtin = curriculum is None or (isinstance(curriculum, str) and curriculum in BUILTIN_CURRICULA)
+    if steps is None and (builtin or isinstance(curriculum, Curriculum)):
+        steps = DEFAULT_STEPS if builtin else curriculum.steps
+    steps = None if steps is None else int(steps)
+    save_every = DEFAULT_SAVE_EVERY if save_every is None else int(save_every)
+    if steps is not None and steps < 1:
+        raise UsageError(f"toy-ladder: --steps must be a positive number of optimizer steps, got {steps}.")
+    if save_every < 1:
+        raise UsageError(f"toy-ladder: --save-every must be a positive number of steps, got {save_every}.")
+    if Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise UsageError(f"toy-ladder: OUT_DIR {out_dir} is a file; pass a folder (it is created if missing).")
+    cur = load_curriculum(curriculum, steps)
+    cfg = TrainConfig(**{**cur.train, **(train_overrides or {})})  # the build's overrides win over the curriculum's
+    if cfg.seq_len % cfg.short_len:
+        raise ValueError("seq_len must be a multiple of short_len")
+    if num_threads is None:
+        num_threads = int(os.environ.get("PROBESELECT_TOY_THREADS") or DEFAULT_NUM_THREADS)
+    num_threads = max(1, int(num_threads))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return _BuildSpec(seed=seed, arch=arch, mcfg=mcfg, cur=cur, cfg=cfg, steps=cur.steps, save_every=save_every,
+                      num_threads=num_threads, out=out)
+
+
+@dataclass(frozen=True)
+class _Corpus:
+    """The pretraining documents of every window (``win_docs``) with their kind indices
+    (``win_kinds``, into :data:`DOC_KINDS`), all of them in order (``docs``, sha256 ``sha256``),
+    and the files of ``data/`` (``data_paths``)."""
+
+    win_docs: list[list[str]]
+    win_kinds: list[list[int]]
+    docs: list[str]
+    sha256: str
+    data_paths: dict
+
+
+def _build_corpus(world: ToyWorld, cur: Curriculum, cfg: TrainConfig, out: Path) -> _Corpus:
+    """Draw every window's documents and write ``data/``."""
+    from .data import write_toy_data
+
+    kind_index = {k: i for i, k in enumerate(DOC_KINDS)}
+    win_pairs = curriculum_corpus(world, cur, cfg.corpus_docs)
+    win_docs = [[d for _, d in pairs] for pairs in win_pairs]
+    win_kinds = [[kind_index[k] for k, _ in pairs] for pairs in win_pairs]
+    docs = [d for ds in win_docs for d in ds]
+    corpus_sha = _sha256_docs(docs)
+    data_paths = write_toy_data(world, out / "data", corpus_docs=docs)
+    return _Corpus(win_docs=win_docs, win_kinds=win_kinds, docs=docs, sha256=corpus_sha, data_paths=data_paths)
+
+
+def _pack_windows(tokenizer, cur: Curriculum, corpus: _Corpus,
+                  cfg: TrainConfig) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every window's documents packed into ``seq_len`` rows, as ``(token ids, kind indices)``."""
+    win_data = []
+    for w, ds, ks in zip(cur.windows, corpus.win_docs, corpus.win_kinds):
+        data, kind = pack_documents_with_kinds(tokenizer, ds, ks, cfg.seq_len)
+        if data.shape[0] < cfg.batch_size:
+            raise RuntimeError(f"corpus of window {w.name!r} too small: {data.shape[0]} packed rows < batch_size "
+                               f"{cfg.batch_size} (raise corpus_docs or lengthen the window)")
+        win_data.append((data, kind))
+    return win_data
+
+
+def _init_model(arch: str, tokenizer, mcfg: dict, seed: int):
+    """A randomly initialised (seeded) causal LM of ``arch`` over ``tokenizer``'s vocabulary, greedy by default."""
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    torch.manual_seed(seed)
+    config = AutoConfig.for_model(
+        arch,
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **mcfg,
+    )
+    model = AutoModelForCausalLM.from_config(config)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, do_sample=False,
+    )
+    return model
+
+
+
 def build_toy_ladder(
     out_dir,
     *,
@@ -500,237 +607,240 @@ def build_toy_ladder(
         arch: model family, one of :data:`TOY_ARCHS` (default ``"llama"``): the same
             corpus, tokenizer and curriculum on a same-size model of that family.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
-
     from .._io import atomic_write_json
-    from .data import write_toy_data
 
     t0 = time.time()
-    if arch not in TOY_ARCHS:
-        raise UsageError(f"toy-ladder: unknown --arch {arch!r}; choose one of {', '.join(TOY_ARCHS)}.")
-    mcfg = _arch_config_kwargs(arch, {**DEFAULT_MODEL_CONFIG, **(model_overrides or {})})
-    builtin = curriculum is None or (isinstance(curriculum, str) and curriculum in BUILTIN_CURRICULA)
-    if steps is None and (builtin or isinstance(curriculum, Curriculum)):
-        steps = DEFAULT_STEPS if builtin else curriculum.steps
-    steps = None if steps is None else int(steps)
-    save_every = DEFAULT_SAVE_EVERY if save_every is None else int(save_every)
-    if steps is not None and steps < 1:
-        raise UsageError(f"toy-ladder: --steps must be a positive number of optimizer steps, got {steps}.")
-    if save_every < 1:
-        raise UsageError(f"toy-ladder: --save-every must be a positive number of steps, got {save_every}.")
-    if Path(out_dir).exists() and not Path(out_dir).is_dir():
-        raise UsageError(f"toy-ladder: OUT_DIR {out_dir} is a file; pass a folder (it is created if missing).")
-    cur = load_curriculum(curriculum, steps)
-    steps = cur.steps
-    cfg = TrainConfig(**{**cur.train, **(train_overrides or {})})  # the build's overrides win over the curriculum's
-    if cfg.seq_len % cfg.short_len:
-        raise ValueError("seq_len must be a multiple of short_len")
-    if num_threads is None:
-        num_threads = int(os.environ.get("PROBESELECT_TOY_THREADS") or DEFAULT_NUM_THREADS)
-    num_threads = max(1, int(num_threads))
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-
-    with _deterministic_torch(num_threads):
+    b = _resolve_build(out_dir, seed=seed, steps=steps, save_every=save_every, model_overrides=model_overrides,
+                       train_overrides=train_overrides, num_threads=num_threads, curriculum=curriculum, arch=arch)
+    with _deterministic_torch(b.num_threads):
         world = ToyWorld.generate(seed)
-        kind_index = {k: i for i, k in enumerate(DOC_KINDS)}
-        win_pairs = curriculum_corpus(world, cur, cfg.corpus_docs)
-        win_docs = [[d for _, d in pairs] for pairs in win_pairs]
-        win_kinds = [[kind_index[k] for k, _ in pairs] for pairs in win_pairs]
-        docs = [d for ds in win_docs for d in ds]
-        corpus_sha = _sha256_docs(docs)
-        data_paths = write_toy_data(world, out / "data", corpus_docs=docs)
-
-        tokenizer = train_tokenizer(docs)
-        win_data = []
-        for w, ds, ks in zip(cur.windows, win_docs, win_kinds):
-            data, kind = pack_documents_with_kinds(tokenizer, ds, ks, cfg.seq_len)
-            if data.shape[0] < cfg.batch_size:
-                raise RuntimeError(f"corpus of window {w.name!r} too small: {data.shape[0]} packed rows < batch_size "
-                                   f"{cfg.batch_size} (raise corpus_docs or lengthen the window)")
-            win_data.append((data, kind))
-        n_rows = sum(d.shape[0] for d, _ in win_data)
-
-        torch.manual_seed(seed)
-        config = AutoConfig.for_model(
-            arch,
-            vocab_size=len(tokenizer),
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-            **mcfg,
-        )
-        model = AutoModelForCausalLM.from_config(config)
-        model.generation_config = GenerationConfig(
-            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id, do_sample=False,
-        )
-        n_params = sum(p.numel() for p in model.parameters())
-
-        decay, no_decay = [], []
-        # no weight decay on norms, biases and embeddings (token and learned position embeddings:
-        # Llama's embed_tokens, GPT-NeoX's embed_in, GPT-2's wte/wpe)
-        emb = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
-        for name, p in model.named_parameters():
-            (decay if p.ndim >= 2 and "embed" not in name and id(p) not in emb else no_decay).append(p)
-        opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=cfg.lr, betas=tuple(cfg.betas), eps=1e-8, foreach=True,
-        )
-        params = list(model.parameters())
-        ema = [p.detach().clone() for p in params] if cfg.ema_decay else None
-
-        gen = torch.Generator().manual_seed(seed)
-        tokens_per_step = cfg.batch_size * cfg.seq_len
-        save_steps = sorted(set(range(save_every, steps + 1, save_every)) | {steps})
-        checkpoints: list[CheckpointInfo] = []
-        log_history: list[dict] = []
-        interval_losses: list[float] = []
-        rows_used = 0
-        win_tokens = [torch.zeros(len(DOC_KINDS), dtype=torch.long) for _ in cur.windows]
-        win_rows = [0] * len(cur.windows)
-
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=steps, desc=f"toy ladder seed={seed}", unit="step")
-
-        model.train()
-        wi = -1
-        for step in range(steps):
-            gstep = step + 1
-            if wi < 0 or not cur.windows[wi].contains(gstep):
-                wi = next(i for i, w in enumerate(cur.windows) if w.contains(gstep))
-                data, kind = win_data[wi]
-                order: list[int] = []
-                cursor = 0
-            idx: list[int] = []
-            while len(idx) < cfg.batch_size:
-                if cursor >= len(order):
-                    order = torch.randperm(data.shape[0], generator=gen).tolist()
-                    cursor = 0
-                take = order[cursor: cursor + cfg.batch_size - len(idx)]
-                cursor += len(take)
-                idx += take
-            batch = data[idx]
-            win_tokens[wi] += torch.bincount(kind[idx].flatten().long(), minlength=len(DOC_KINDS))
-            win_rows[wi] += len(idx)
-            if cfg.long_every <= 0 or (step + 1) % cfg.long_every:
-                batch = _short_view(batch, cfg.short_len)
-            lr = lr_at(step, steps, cfg)
-            for g in opt.param_groups:
-                g["lr"] = lr
-            loss = model(input_ids=batch, labels=batch).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            if ema is not None:
-                with torch.no_grad():
-                    torch._foreach_lerp_(ema, params, 1.0 - min(cfg.ema_decay, (1.0 + step) / (10.0 + step)))
-            rows_used += cfg.batch_size
-            interval_losses.append(loss.item())
-
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{interval_losses[-1]:.3f}", lr=f"{lr:.2e}")
-            if gstep in save_steps:
-                tokens = gstep * tokens_per_step
-                mean_loss = sum(interval_losses) / len(interval_losses)
-                interval_losses = []
-                epoch = round(rows_used / n_rows, 4)
-                log_history.append({
-                    "epoch": epoch, "learning_rate": lr, "loss": round(mean_loss, 6),
-                    "step": gstep, "num_input_tokens_seen": tokens,
-                })
-                path = out / f"checkpoint-{gstep}"
-                state = _trainer_state(gstep, steps, save_every, tokens, epoch, list(log_history),
-                                       cfg.batch_size, cfg.seq_len, n_params)
-                with _swapped_in(params, ema):
-                    _save_checkpoint(model, tokenizer, path, state)
-                checkpoints.append(CheckpointInfo(gstep, str(path), tokens, mean_loss))
-                if on_save is not None:
-                    rng = torch.get_rng_state()  # whatever the hook draws, training goes on as without it
-                    on_save(path, gstep)
-                    torch.set_rng_state(rng)
-        if bar is not None:
-            bar.close()
+        corpus = _build_corpus(world, b.cur, b.cfg, b.out)
+        tokenizer = train_tokenizer(corpus.docs)
+        win_data = _pack_windows(tokenizer, b.cur, corpus, b.cfg)
+        model = _init_model(arch, tokenizer, b.mcfg, seed)
+        run = _train(model, tokenizer, win_data, b, progress=progress, on_save=on_save)
         train_seconds = time.time() - t0
 
-        with _swapped_in(params, ema):  # exactly the weights saved in the final checkpoint
-            acc = arith_accuracy(model, tokenizer, world, fmt="eq", shots=cfg.eval_shots)
+        with _swapped_in(run.params, run.ema):  # exactly the weights saved in the final checkpoint
+            acc = arith_accuracy(model, tokenizer, world, fmt="eq", shots=b.cfg.eval_shots)
 
-        lineage = {
-            "curriculum": cur.source,
-            **({"train": dict(cur.train)} if cur.train else {}),
-            "steps": steps,
-            "doc_kinds": list(DOC_KINDS),
-            "step_convention": "a window trains optimizer steps start_step < step <= end_step "
-                               "(checkpoint-<step> has seen steps 1..step)",
-            "windows": [
-                {
-                    "name": w.name, "start_step": w.start_step, "end_step": w.end_step,
-                    "mixture": dict(w.mixture),
-                    "tokens_by_kind": {k: int(t) for k, t in zip(DOC_KINDS, win_tokens[i].tolist()) if t},
-                    "tokens": int(win_tokens[i].sum()),
-                    "documents": len(win_docs[i]),
-                    "documents_by_kind": {k: win_kinds[i].count(j) for j, k in enumerate(DOC_KINDS)
-                                          if win_kinds[i].count(j)},
-                    "documents_sha256": _sha256_docs(win_docs[i]),
-                    "packed_rows": int(win_data[i][0].shape[0]),
-                    "corpus_tokens_by_kind": {
-                        k: int(t) for k, t in zip(DOC_KINDS, torch.bincount(
-                            win_data[i][1].flatten().long(), minlength=len(DOC_KINDS)).tolist()) if t},
-                    "epochs": round(win_rows[i] / win_data[i][0].shape[0], 3),
-                    "planted": w.planted,
-                }
-                for i, w in enumerate(cur.windows)
-            ],
-        }
-        lineage_json = out / "data_lineage.json"
-        atomic_write_json(lineage_json, lineage)
+        atomic_write_json(b.out / "data_lineage.json", _lineage(b.cur, corpus, win_data, run.sampler))
         build_seconds = time.time() - t0
-        summary = {
-            "seed": seed,
-            "steps": steps,
-            "save_every": save_every,
-            "tokens_seen": steps * tokens_per_step,
-            "tokens_per_step": tokens_per_step,
-            "final_heldout_arith_accuracy": acc,
-            "heldout_arith_eval": {"fmt": "eq", "shots": cfg.eval_shots, "n": len(world.arith_heldout),
-                                   "checkpoint": f"checkpoint-{steps}", "decoding": "greedy"},
-            "arith_max_operand": world.arith_max_operand,
-            "model": {"architecture": type(model).__name__, "n_params": n_params, "vocab_size": len(tokenizer), **mcfg},
-            "train": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
-            "corpus": {"docs": len(docs), "sha256": corpus_sha, "packed_rows": n_rows,
-                       "tokens": n_rows * cfg.seq_len, "epochs": round(rows_used / n_rows, 3)},
-            "curriculum": {"source": cur.source, "data_lineage": "data_lineage.json",
-                           "windows": [[w.name, w.start_step, w.end_step, w.planted] for w in cur.windows]},
-            "torch_threads": num_threads,
-            "deterministic_algorithms": True,
-            "torch_version": torch.__version__,
-            "timing": "build_timing.json",
-            "data": {k: os.path.relpath(v, out) for k, v in data_paths.items()},
-            "checkpoints": [
-                {"step": c.step, "path": os.path.relpath(c.path, out), "tokens_seen": c.tokens_seen,
-                 "train_loss": round(c.train_loss, 6)}
-                for c in checkpoints
-            ],
-        }
-        atomic_write_json(out / "build_timing.json", {
+        summary = _ladder_summary(b, world, model, tokenizer, corpus, run, acc)
+        atomic_write_json(b.out / "build_timing.json", {
             "build_seconds": round(build_seconds, 2), "train_seconds": round(train_seconds, 2),
-            "torch_threads": num_threads, "cpu_cores_available": _available_cores(),
+            "torch_threads": b.num_threads, "cpu_cores_available": _available_cores(),
         })
-        ladder_json = out / "ladder.json"
+        ladder_json = b.out / "ladder.json"
         atomic_write_json(ladder_json, summary)
         return LadderInfo(
-            out_dir=str(out), seed=seed, steps=steps, save_every=save_every, checkpoints=tuple(checkpoints),
-            tokens_seen=steps * tokens_per_step, build_seconds=build_seconds,
-            final_heldout_arith_accuracy=acc, ladder_json=str(ladder_json), data_dir=str(out / "data"),
+            out_dir=str(b.out), seed=seed, steps=b.steps, save_every=b.save_every, checkpoints=tuple(run.checkpoints),
+            tokens_seen=summary["tokens_seen"], build_seconds=build_seconds,
+            final_heldout_arith_accuracy=acc, ladder_json=str(ladder_json), data_dir=str(b.out / "data"),
             model_config=summary["model"],
         )
 
+
+def _make_optimizer(model, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on the weight matrices only."""
+    decay, no_decay = [], []
+    # no weight decay on norms, biases and embeddings (token and learned position embeddings:
+    # Llama's embed_tokens, GPT-NeoX's embed_in, GPT-2's wte/wpe)
+    emb = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
+    for name, p in model.named_parameters():
+        (decay if p.ndim >= 2 and "embed" not in name and id(p) not in emb else no_decay).append(p)
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr, betas=tuple(cfg.betas), eps=1e-8, foreach=True,
+    )
+
+
+class _WindowSampler:
+    """Draws each step's rows from the packed corpus of the window the step belongs to: a fresh
+    shuffle (from ``gen``) per pass over the window's rows, restarted when a new window begins.
+    Counts the tokens trained on per window and document kind (``win_tokens``) and the rows
+    drawn per window (``win_rows``)."""
+
+    def __init__(self, cur: Curriculum, win_data: list, batch_size: int, gen: torch.Generator):
+        self.cur, self.win_data, self.batch_size, self.gen = cur, win_data, batch_size, gen
+        self.win_tokens = [torch.zeros(len(DOC_KINDS), dtype=torch.long) for _ in cur.windows]
+        self.win_rows = [0] * len(cur.windows)
+        self.wi = -1
+        self.order: list[int] = []
+        self.cursor = 0
+
+    def batch(self, gstep: int) -> torch.Tensor:
+        """The ``[batch_size, seq_len]`` rows of optimizer step ``gstep`` (1-based)."""
+        if self.wi < 0 or not self.cur.windows[self.wi].contains(gstep):
+            self.wi = next(i for i, w in enumerate(self.cur.windows) if w.contains(gstep))
+            self.order = []
+            self.cursor = 0
+        data, kind = self.win_data[self.wi]
+        idx: list[int] = []
+        while len(idx) < self.batch_size:
+            if self.cursor >= len(self.order):
+                self.order = torch.randperm(data.shape[0], generator=self.gen).tolist()
+                self.cursor = 0
+            take = self.order[self.cursor: self.cursor + self.batch_size - len(idx)]
+            self.cursor += len(take)
+            idx += take
+        self.win_tokens[self.wi] += torch.bincount(kind[idx].flatten().long(), minlength=len(DOC_KINDS))
+        self.win_rows[self.wi] += len(idx)
+        return data[idx]
+
+
+@dataclass
+class _TrainRun:
+    """The state of the training loop: the model's parameters and their EMA (None without),
+    the sampler, the rows drawn so far, the losses since the last checkpoint, the
+    ``log_history`` of ``trainer_state.json`` and the checkpoints saved."""
+
+    params: list
+    ema: list | None
+    sampler: _WindowSampler
+    n_params: int
+    n_rows: int
+    rows_used: int = 0
+    interval_losses: list[float] = field(default_factory=list)
+    log_history: list[dict] = field(default_factory=list)
+    checkpoints: list[CheckpointInfo] = field(default_factory=list)
+
+
+def _train(model, tokenizer, win_data: list, b: _BuildSpec, *, progress: bool, on_save) -> _TrainRun:
+    """Pretrain ``model`` for ``b.steps`` steps, saving ``checkpoint-<step>`` every ``b.save_every`` steps and last."""
+    cfg, steps = b.cfg, b.steps
+    n_params = sum(p.numel() for p in model.parameters())
+    opt = _make_optimizer(model, cfg)
+    params = list(model.parameters())
+    ema = [p.detach().clone() for p in params] if cfg.ema_decay else None
+    sampler = _WindowSampler(b.cur, win_data, cfg.batch_size, torch.Generator().manual_seed(b.seed))
+    run = _TrainRun(params=params, ema=ema, sampler=sampler, n_params=n_params,
+                    n_rows=sum(d.shape[0] for d, _ in win_data))
+    save_steps = sorted(set(range(b.save_every, steps + 1, b.save_every)) | {steps})
+
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=steps, desc=f"toy ladder seed={b.seed}", unit="step")
+
+    model.train()
+    for step in range(steps):
+        gstep = step + 1
+        batch = sampler.batch(gstep)
+        if cfg.long_every <= 0 or (step + 1) % cfg.long_every:
+            batch = _short_view(batch, cfg.short_len)
+        lr = lr_at(step, steps, cfg)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        loss = model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if ema is not None:
+            with torch.no_grad():
+                torch._foreach_lerp_(ema, params, 1.0 - min(cfg.ema_decay, (1.0 + step) / (10.0 + step)))
+        run.rows_used += cfg.batch_size
+        run.interval_losses.append(loss.item())
+
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{run.interval_losses[-1]:.3f}", lr=f"{lr:.2e}")
+        if gstep in save_steps:
+            _save_step(model, tokenizer, run, b, gstep, lr, on_save)
+    if bar is not None:
+        bar.close()
+    return run
+
+
+def _save_step(model, tokenizer, run: _TrainRun, b: _BuildSpec, gstep: int, lr: float, on_save) -> None:
+    """Save ``checkpoint-<gstep>`` (the EMA weights, if any) with its ``trainer_state.json``, then call ``on_save``."""
+    tokens = gstep * b.cfg.batch_size * b.cfg.seq_len
+    mean_loss = sum(run.interval_losses) / len(run.interval_losses)
+    run.interval_losses = []
+    epoch = round(run.rows_used / run.n_rows, 4)
+    run.log_history.append({
+        "epoch": epoch, "learning_rate": lr, "loss": round(mean_loss, 6),
+        "step": gstep, "num_input_tokens_seen": tokens,
+    })
+    path = b.out / f"checkpoint-{gstep}"
+    state = _trainer_state(gstep, b.steps, b.save_every, tokens, epoch, list(run.log_history),
+                           b.cfg.batch_size, b.cfg.seq_len, run.n_params)
+    with _swapped_in(run.params, run.ema):
+        _save_checkpoint(model, tokenizer, path, state)
+    run.checkpoints.append(CheckpointInfo(gstep, str(path), tokens, mean_loss))
+    if on_save is not None:
+        rng = torch.get_rng_state()  # whatever the hook draws, training goes on as without it
+        on_save(path, gstep)
+        torch.set_rng_state(rng)
+
+
+def _lineage(cur: Curriculum, corpus: _Corpus, win_data: list, sampler: _WindowSampler) -> dict:
+    """The content of ``data_lineage.json``."""
+    win_docs, win_kinds, win_tokens = corpus.win_docs, corpus.win_kinds, sampler.win_tokens
+    return {
+        "curriculum": cur.source,
+        **({"train": dict(cur.train)} if cur.train else {}),
+        "steps": cur.steps,
+        "doc_kinds": list(DOC_KINDS),
+        "step_convention": "a window trains optimizer steps start_step < step <= end_step "
+                           "(checkpoint-<step> has seen steps 1..step)",
+        "windows": [
+            {
+                "name": w.name, "start_step": w.start_step, "end_step": w.end_step,
+                "mixture": dict(w.mixture),
+                "tokens_by_kind": {k: int(t) for k, t in zip(DOC_KINDS, win_tokens[i].tolist()) if t},
+                "tokens": int(win_tokens[i].sum()),
+                "documents": len(win_docs[i]),
+                "documents_by_kind": {k: win_kinds[i].count(j) for j, k in enumerate(DOC_KINDS)
+                                      if win_kinds[i].count(j)},
+                "documents_sha256": _sha256_docs(win_docs[i]),
+                "packed_rows": int(win_data[i][0].shape[0]),
+                "corpus_tokens_by_kind": {
+                    k: int(t) for k, t in zip(DOC_KINDS, torch.bincount(
+                        win_data[i][1].flatten().long(), minlength=len(DOC_KINDS)).tolist()) if t},
+                "epochs": round(sampler.win_rows[i] / win_data[i][0].shape[0], 3),
+                "planted": w.planted,
+            }
+            for i, w in enumerate(cur.windows)
+        ],
+    }
+
+
+def _ladder_summary(b: _BuildSpec, world: ToyWorld, model, tokenizer, corpus: _Corpus, run: _TrainRun,
+                    acc: float) -> dict:
+    """The content of ``ladder.json``."""
+    cfg, cur, out, n_rows = b.cfg, b.cur, b.out, run.n_rows
+    tokens_per_step = cfg.batch_size * cfg.seq_len
+    return {
+        "seed": b.seed,
+        "steps": b.steps,
+        "save_every": b.save_every,
+        "tokens_seen": b.steps * tokens_per_step,
+        "tokens_per_step": tokens_per_step,
+        "final_heldout_arith_accuracy": acc,
+        "heldout_arith_eval": {"fmt": "eq", "shots": cfg.eval_shots, "n": len(world.arith_heldout),
+                               "checkpoint": f"checkpoint-{b.steps}", "decoding": "greedy"},
+        "arith_max_operand": world.arith_max_operand,
+        "model": {"architecture": type(model).__name__, "n_params": run.n_params, "vocab_size": len(tokenizer),
+                  **b.mcfg},
+        "train": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
+        "corpus": {"docs": len(corpus.docs), "sha256": corpus.sha256, "packed_rows": n_rows,
+                   "tokens": n_rows * cfg.seq_len, "epochs": round(run.rows_used / n_rows, 3)},
+        "curriculum": {"source": cur.source, "data_lineage": "data_lineage.json",
+                       "windows": [[w.name, w.start_step, w.end_step, w.planted] for w in cur.windows]},
+        "torch_threads": b.num_threads,
+        "deterministic_algorithms": True,
+        "torch_version": torch.__version__,
+        "timing": "build_timing.json",
+        "data": {k: os.path.relpath(v, out) for k, v in corpus.data_paths.items()},
+        "checkpoints": [
+            {"step": c.step, "path": os.path.relpath(c.path, out), "tokens_seen": c.tokens_seen,
+             "train_loss": round(c.train_loss, 6)}
+            for c in run.checkpoints
+        ],
+    }
 
 
 def _short_view(batch: torch.Tensor, short_len: int) -> torch.Tensor:
