@@ -391,7 +391,7 @@ def test_validity_smoke_two_curricula(tmp_path, monkeypatch):
         assert json.loads((out / name / "validity.json").read_text())["curriculum"] == name
         assert list(pd.read_csv(out / name / "selectors.csv")["selector"]) == list(mod.SELECTORS)
     assert [w["name"] for w in json.loads((out / "late-harm" / "seed0" / "ladder" / "data_lineage.json").read_text())
-            ["windows"]] == ["base", "late"]
+            ["windows"]] == ["base", "late", "later"]
     by = pd.read_csv(out / "selector_summary_by_curriculum.csv")
     assert sorted(by["curriculum"].unique()) == ["late-harm", "uniform"]
     assert (by.groupby("curriculum")["selector"].apply(list) == [list(mod.SELECTORS)] * 2).all()
