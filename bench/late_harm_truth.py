@@ -8,6 +8,7 @@ values and per-kind accuracy, and the truth's own rule (the plan's interval rule
 latest. Used while designing the late-harm curriculum; the numbers go to bench/late_harm_notes.md.
 
     python bench/late_harm_truth.py LADDER --checkpoints 1200 1400 2000 --truth-seeds 2 --out DIR
+    python bench/late_harm_truth.py LADDER ... --override batch_seeds=false   # the single-run loop
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ def main(argv=None) -> int:
     ap.add_argument("--checkpoints", type=int, nargs="+", required=True, help="steps")
     ap.add_argument("--truth-seeds", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra recipe override, e.g. batch_seeds=false (the single-run loop); repeatable")
     a = ap.parse_args(argv)
 
     import pandas as pd
@@ -58,7 +61,7 @@ def main(argv=None) -> int:
     suite.write_text("".join(json.dumps(r) + "\n" for r in truth))
     seeds = list(range(TRUTH_SEED_START, TRUTH_SEED_START + a.truth_seeds))
     ov = [f"data.train={data / 'sft.jsonl'}", f"transfer.tasks={suite}", "transfer.robustness=null",
-          "transfer.heldout=null", "eval.every=0", f"seeds={json.dumps(seeds)}"]
+          "transfer.heldout=null", "eval.every=0", f"seeds={json.dumps(seeds)}", *a.override]
     bases = [lad / f"checkpoint-{s}" for s in a.checkpoints]
     t0 = time.perf_counter()
     run_pilot(bases, str(ROOT / "recipes" / "confirm.yaml"), a.out / "truth", progress=False, device="cpu", overrides=ov)
