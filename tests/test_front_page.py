@@ -154,7 +154,7 @@ def test_lowest_bpb_is_the_mean_over_nll_rows_among_every_checkpoint_first_liste
     checkpoint listed first in summary.csv (ladder order), not to the first name in sort order."""
     import pandas as pd
 
-    from probeselect._front_page import _lowest_bpb
+    from probeselect.dynamics import lowest_heldout_bpb as _lowest_bpb  # what the front page calls
 
     def rows(*spec):
         return pd.DataFrame([dict(checkpoint=c, step=s, family=f, variant="bpb" if f == "heldout_nll" else "x",

@@ -236,6 +236,40 @@ def _kind_column(summary: pd.DataFrame) -> pd.Series:
     return inferred
 
 
+class LowestBpb(NamedTuple):
+    checkpoint: str
+    bpb: float
+
+
+def heldout_bpb(summary: pd.DataFrame | None) -> pd.Series:
+    """Pretraining held-out bits per byte per checkpoint: the mean ``bits_per_byte`` of the
+    checkpoint's held-out NLL rows (``kind == "nll"`` as :func:`_kind_column` reads it; rows
+    without a value skipped), indexed by checkpoint in the order the checkpoints first appear
+    in ``summary``; empty when there is no such row. The one definition behind the shortlist's
+    ``heldout_bpb_within`` and ``lowest_bpb`` reference and the report's lowest-bpb mark."""
+    if summary is None or "bits_per_byte" not in summary.columns:
+        return pd.Series(dtype=float)
+    bpb = pd.to_numeric(summary["bits_per_byte"], errors="coerce")
+    rows = summary.assign(_bpb=bpb)[_kind_column(summary).eq("nll") & bpb.notna()]
+    return rows.groupby("checkpoint", sort=False)["_bpb"].mean()
+
+
+def lowest_heldout_bpb(summary: pd.DataFrame | None, among: list[str] | None = None) -> LowestBpb | None:
+    """The checkpoint of lowest :func:`heldout_bpb` and its value, or None when none has one.
+
+    ``among``: only these checkpoints (the shortlist's candidates), an exact tie going to the
+    first of them in this order; default every checkpoint of ``summary``, a tie going to the
+    one listed first there (``summary.csv`` lists the checkpoints in step order).
+    """
+    per = heldout_bpb(summary)
+    if among is not None:
+        per = per.reindex(among)
+    per = per.dropna()
+    if per.empty:
+        return None
+    return LowestBpb(str(per.idxmin()), float(per.min()))
+
+
 def track_table(summary: pd.DataFrame) -> pd.DataFrame:
     """Long table of every track x checkpoint (see the module docstring for tracks).
 
