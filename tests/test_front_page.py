@@ -146,3 +146,31 @@ def test_report_renders_in_a_headless_browser(report, tmp_path):
     red = ((np.abs(px[..., 0] - 214 / 255) < 0.06) & (np.abs(px[..., 1] - 39 / 255) < 0.06)
            & (np.abs(px[..., 2] - 40 / 255) < 0.06)).sum()
     assert red > 20, "the recommended base's red marker is not on the first screen"
+
+
+def test_lowest_bpb_is_the_mean_over_nll_rows_among_every_checkpoint_first_listed_wins_a_tie():
+    """The front page marks the lowest held-out bpb among every checkpoint of summary.csv (no
+    candidate list): the mean of its held-out NLL rows, NaN rows skipped; an exact tie goes to the
+    checkpoint listed first in summary.csv (ladder order), not to the first name in sort order."""
+    import pandas as pd
+
+    from probeselect.dynamics import lowest_heldout_bpb as _lowest_bpb  # what the front page calls
+
+    def rows(*spec):
+        return pd.DataFrame([dict(checkpoint=c, step=s, family=f, variant="bpb" if f == "heldout_nll" else "x",
+                                  kind="nll" if f == "heldout_nll" else "conflict", bits_per_byte=b,
+                                  mean_margin=None if f == "heldout_nll" else 0.5) for c, s, f, b in spec])
+
+    nan = float("nan")
+    summary = rows(("checkpoint-30", 30, "conf", nan), ("checkpoint-30", 30, "heldout_nll", 1.0),
+                   ("checkpoint-30", 30, "heldout_nll", 1.5), ("checkpoint-100", 100, "conf", nan),
+                   ("checkpoint-100", 100, "heldout_nll", 1.25), ("checkpoint-100", 100, "heldout_nll", nan),
+                   ("checkpoint-200", 200, "heldout_nll", 1.3))
+    low = _lowest_bpb(summary)
+    # 30: mean(1.0, 1.5) = 1.25 ties 100's 1.25 (its NaN row skipped); 30 is listed first
+    assert low is not None and low.checkpoint == "checkpoint-30" and low.bpb == 1.25
+    summary.loc[summary["checkpoint"].eq("checkpoint-200"), "bits_per_byte"] = 1.0
+    assert _lowest_bpb(summary).checkpoint == "checkpoint-200"
+    assert _lowest_bpb(summary.drop(columns="bits_per_byte")) is None
+    assert _lowest_bpb(summary.assign(bits_per_byte=nan)) is None
+    assert _lowest_bpb(None) is None

@@ -121,6 +121,26 @@ def test_references_pilot_the_naive_choices_next_to_the_shortlist(tmp_path, run)
     assert "references" not in json.loads((run / "shortlist.json").read_text())["plan"]
 
 
+def test_lowest_bpb_reference_is_among_the_candidates_and_a_tie_goes_to_the_earlier_step(tmp_path, run):
+    """``lowest_bpb`` picks among the plan's candidates only (c4, the run's lowest, is not one), by the
+    mean of each checkpoint's held-out NLL rows (NaN rows skipped); an exact tie goes to the earlier
+    step. The ``heldout_bpb`` column holds the same means for every checkpoint."""
+    s = _summary()
+    nll = s[s.family == "heldout_nll"]
+    extra = nll[nll.checkpoint.isin(["c5", "c2"])].copy()
+    extra["bits_per_byte"] = [float("nan"), 1.5]  # c2: 1.40 and NaN -> 1.40; c5: mean(1.25, 1.5) = 1.375
+    s.loc[(s.checkpoint == "c5") & (s.family == "heldout_nll"), "bits_per_byte"] = 1.25
+    s = pd.concat([s, extra], ignore_index=True)
+    s.loc[(s.checkpoint == "c6") & (s.family == "heldout_nll"), "bits_per_byte"] = 1.375  # ties c5
+    atomic_write_csv(run / "summary.csv", s)
+    plan = PROXIES + "k: 2\ncandidates: [c1, c2, c3, c5, c6]\nreferences: [lowest_bpb]\n"
+    res = shortlist(run, _plan(tmp_path, plan + "constraints: {heldout_bpb_within: 1.0}\n"))
+    t = res.table.set_index("checkpoint")
+    assert t["reference"].tolist() == ["", "", "", "", "lowest_bpb", ""]
+    assert t["heldout_bpb"].tolist() == pytest.approx([1.50, 1.40, 1.46, 1.30, 1.375, 1.375])
+    assert "c5" in res.selected and "c4" not in res.selected
+
+
 def test_constraints_exclude_with_reasons(tmp_path, run):
     plan = PROXIES + """
 constraints:

@@ -21,6 +21,7 @@ import pandas as pd
 
 from ._io import _atomic_write
 from ._report_blocks import Figure, Para, Section, fmt
+from .dynamics import LowestBpb, lowest_heldout_bpb
 
 __all__ = ["front_page", "FIGURE_DIR"]
 
@@ -56,26 +57,9 @@ def _steps(manifest: dict | None) -> dict[str, float]:
     return out
 
 
-class Lowest(NamedTuple):
-    checkpoint: str
-    bpb: float
-
-
 class Headline(NamedTuple):
     verdict: str  # line 1: which base (or none), confirmed or not
     how_sure: str  # line 2: the primary metric of the pick and the runner-up with their intervals
-
-
-def _lowest_bpb(summary: pd.DataFrame | None) -> Lowest | None:
-    """The checkpoint of lowest pretraining held-out bits per byte (mean over held-out rows), or None."""
-    if summary is None or "bits_per_byte" not in summary.columns:
-        return None
-    bpb = pd.to_numeric(summary["bits_per_byte"], errors="coerce")
-    rows = summary.assign(_bpb=bpb)[bpb.notna()]
-    if rows.empty:
-        return None
-    per = rows.groupby("checkpoint", sort=False)["_bpb"].mean()
-    return Lowest(str(per.idxmin()), float(per.min()))
 
 
 def _headline(sel: dict, cs, n_seeds: int, min_seeds: int | None) -> Headline:
@@ -112,7 +96,7 @@ def _headline(sel: dict, cs, n_seeds: int, min_seeds: int | None) -> Headline:
     return Headline(line1, line2)
 
 
-def _transfer_figure(sel: dict, steps: dict[str, float], lowest: Lowest | None, path: Path) -> Path:
+def _transfer_figure(sel: dict, steps: dict[str, float], lowest: LowestBpb | None, path: Path) -> Path:
     prim = sel["selection_plan"]["primary"]
     level = sel["decision"].get("level", 0.95)
     top = sel["decision"].get("recommended")
@@ -218,7 +202,7 @@ def _front_page(run_dir: Path, sel: dict, cs, seeds: tuple[int, int | None], man
     fig_dir.mkdir(parents=True, exist_ok=True)
     steps = _steps(manifest)
     summary = pd.read_csv(run_dir / "summary.csv") if (run_dir / "summary.csv").is_file() else None
-    lowest = _lowest_bpb(summary)
+    lowest = lowest_heldout_bpb(summary)  # among every checkpoint, piloted or not
     piloted = {b["base"] for b in sel["bases"]}
     notes = []
     if steps:

@@ -115,6 +115,9 @@ __all__ = [
     "compute_dynamics",
     "load_run",
     "track_table",
+    "heldout_bpb",
+    "lowest_heldout_bpb",
+    "LowestBpb",
     "trajectory_stats",
     "flip_rates",
     "spearman_matrix",
@@ -234,6 +237,40 @@ def _kind_column(summary: pd.DataFrame) -> pd.Series:
         given = summary["kind"]
         return given.where(given.notna() & given.astype(str).ne(""), inferred).astype(str)
     return inferred
+
+
+class LowestBpb(NamedTuple):
+    checkpoint: str
+    bpb: float
+
+
+def heldout_bpb(summary: pd.DataFrame | None) -> pd.Series:
+    """Pretraining held-out bits per byte per checkpoint: the mean ``bits_per_byte`` of the
+    checkpoint's held-out NLL rows (``kind == "nll"`` as :func:`_kind_column` reads it; rows
+    without a value skipped), indexed by checkpoint in the order the checkpoints first appear
+    in ``summary``; empty when there is no such row. The one definition behind the shortlist's
+    ``heldout_bpb_within`` and ``lowest_bpb`` reference and the report's lowest-bpb mark."""
+    if summary is None or "bits_per_byte" not in summary.columns:
+        return pd.Series(dtype=float)
+    bpb = pd.to_numeric(summary["bits_per_byte"], errors="coerce")
+    rows = summary.assign(_bpb=bpb)[_kind_column(summary).eq("nll") & bpb.notna()]
+    return rows.groupby("checkpoint", sort=False)["_bpb"].mean()
+
+
+def lowest_heldout_bpb(summary: pd.DataFrame | None, among: list[str] | None = None) -> LowestBpb | None:
+    """The checkpoint of lowest :func:`heldout_bpb` and its value, or None when none has one.
+
+    ``among``: only these checkpoints (the shortlist's candidates), an exact tie going to the
+    first of them in this order; default every checkpoint of ``summary``, a tie going to the
+    one listed first there (``summary.csv`` lists the checkpoints in step order).
+    """
+    per = heldout_bpb(summary)
+    if among is not None:
+        per = per.reindex(among)
+    per = per.dropna()
+    if per.empty:
+        return None
+    return LowestBpb(str(per.idxmin()), float(per.min()))
 
 
 def track_table(summary: pd.DataFrame) -> pd.DataFrame:
@@ -574,8 +611,6 @@ def compute_dynamics(
     Definitions: module docstring. Returns :class:`DynamicsResult`.
     """
     run = load_run(run_dir)
-    final_dir = run.run_dir / "dynamics"
-    out_dir = run.run_dir / ".dynamics.staging"  # written whole, then swapped in (a failure keeps the old folder)
     notes: list[str] = []
     tracks = track_table(run.summary)
     if not len(tracks):
@@ -584,7 +619,29 @@ def compute_dynamics(
     order = checkpoint_order(run.summary)
     if len(order) < 3:
         notes.append(f"only {len(order)} checkpoint(s): hops, jitter, signal/noise and correlations need at least 3.")
+    traj, flips = _trajectories(run, tracks, order, notes)
+    stats, pairs_df = _track_stats(traj, flips, noise_window=noise_window, acc_jump=acc_jump,
+                                   small_margin_nats=small_margin_nats, large_margin_nats=large_margin_nats,
+                                   hop_k=hop_k, min_hop_nats=min_hop_nats)
+    _seed_noise_notes(traj, stats, order, notes)
+    rho, nn, corr_long = _correlations(traj, order)
+    traj_out = traj[["track", "family", "variant", "kind", "metric", "checkpoint", "step", "tokens", "value",
+                     "oriented_value", "seed_sd", "seed_min", "seed_max", "ci_low", "ci_high", "accuracy", "candidate_accuracy",
+                     "n_items", "n_seeds"]]
+    config = {"run_dir": str(run.run_dir), "noise_window": noise_window, "acc_jump": acc_jump,
+              "small_margin_nats": small_margin_nats, "large_margin_nats": large_margin_nats, "hop_k": hop_k,
+              "min_hop_nats": min_hop_nats,
+              "correlation": "spearman on oriented values (higher = better)"}
+    out_dir, plot_paths = _write_dynamics(run, config, notes, stats, traj_out, pairs_df, corr_long, (rho, nn),
+                                          plots=plots)
+    return DynamicsResult(run_dir=run.run_dir, out_dir=out_dir, stats=stats, trajectories=traj_out, pairs=pairs_df,
+                          correlation=rho, correlation_n=nn, plots=plot_paths, notes=notes)
 
+
+def _trajectories(run: RunTables, tracks: pd.DataFrame, order: list[str],
+                  notes: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The track table with seed min/max bands and oriented values, and the per-item flip rates
+    (both without ``scores.parquet``, noted)."""
     flips = flip_rates(run.scores, order) if run.scores is not None else flip_rates(None)
     spread = seed_spread(run.scores) if run.scores is not None else seed_spread(None)
     if run.scores is None:
@@ -593,7 +650,13 @@ def compute_dynamics(
     traj = tracks.merge(spread, on=["family", "variant", "checkpoint"], how="left")
     traj.loc[traj["metric"].ne("mean_margin"), ["seed_min", "seed_max"]] = np.nan
     traj["oriented_value"] = traj["value"] * traj["metric"].map(direction)
+    return traj, flips
 
+
+def _track_stats(traj: pd.DataFrame, flips: pd.DataFrame, *, noise_window: int, acc_jump: float,
+                 small_margin_nats: float, large_margin_nats: float, hop_k: float,
+                 min_hop_nats: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``dynamics.csv`` (one row per track) and ``pairs.csv`` (consecutive checkpoints of margin tracks)."""
     stat_rows, pair_rows = [], []
     for name, g in traj.groupby("track", sort=False):
         first = g.iloc[0]
@@ -621,7 +684,11 @@ def compute_dynamics(
             "n_flag_acc_moves_margin_still": sum(p["flag_acc_moves_margin_still"] for p in pairs) if is_margin else np.nan,
             "n_flag_margin_moves_acc_still": sum(p["flag_margin_moves_acc_still"] for p in pairs) if is_margin else np.nan,
         })
-    stats = pd.DataFrame(stat_rows)
+    return pd.DataFrame(stat_rows), pd.DataFrame(pair_rows, columns=_PAIR_COLUMNS)
+
+
+def _seed_noise_notes(traj: pd.DataFrame, stats: pd.DataFrame, order: list[str], notes: list[str]) -> None:
+    """Notes on margin tracks whose hop threshold rests on 2 evaluation seeds, or on none."""
     margin_stats = stats[stats["metric"] == "mean_margin"]
     no_h = margin_stats[~np.isfinite(margin_stats["hop_threshold"].astype(float))]
     n_seeds = pd.to_numeric(traj.loc[traj["metric"] == "mean_margin", "n_seeds"], errors="coerce")
@@ -632,8 +699,11 @@ def compute_dynamics(
     if len(no_h) and len(order) >= 3:
         notes.append(f"{len(no_h)} margin track(s) have no evaluation-seed sd (a single seed?): their hop threshold "
                      "and hops are n/a. Score with --seeds 0 1 2 to measure the noise.")
-    pairs_df = pd.DataFrame(pair_rows, columns=_PAIR_COLUMNS)
 
+
+def _correlations(traj: pd.DataFrame, order: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Spearman correlations between every two tracks over the checkpoints: the wide matrix, the
+    wide matrix of checkpoints each rests on, and ``correlation.csv`` (long)."""
     names = track_names(traj)
     # Oriented (higher = better for every track), so +1 always means "agree on which checkpoints are better".
     wide = traj.pivot_table(index="checkpoint", columns="track", values="oriented_value", aggfunc="first")
@@ -643,10 +713,16 @@ def compute_dynamics(
         [{"track_a": a, "track_b": b, "spearman_rho": rho.loc[a, b], "n_checkpoints": int(nn.loc[a, b])}
          for a in names for b in names]
     )
+    return rho, nn, corr_long
 
-    traj_out = traj[["track", "family", "variant", "kind", "metric", "checkpoint", "step", "tokens", "value",
-                     "oriented_value", "seed_sd", "seed_min", "seed_max", "ci_low", "ci_high", "accuracy", "candidate_accuracy",
-                     "n_items", "n_seeds"]]
+
+def _write_dynamics(run: RunTables, config: dict, notes: list[str], stats: pd.DataFrame, traj_out: pd.DataFrame,
+                    pairs_df: pd.DataFrame, corr_long: pd.DataFrame, corr: tuple[pd.DataFrame, pd.DataFrame], *,
+                    plots: bool) -> tuple[Path, dict[str, Path]]:
+    """Write the tables, the plots and the manifest to a staging folder and swap it in for
+    ``run_dir/dynamics`` (a failure keeps the old folder); its path and the plots' paths."""
+    final_dir = run.run_dir / "dynamics"
+    out_dir = run.run_dir / ".dynamics.staging"
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
     atomic_write_csv(out_dir / "dynamics.csv", stats)
@@ -659,13 +735,10 @@ def compute_dynamics(
         plot_paths["margin_trajectories"] = plot_trajectories(traj_out, out_dir / "margin_trajectories.png",
                                                               windows=_planted_windows(run.run_dir))
         plot_paths["accuracy_vs_margin"] = plot_accuracy_vs_margin(
-            traj_out, pairs_df, out_dir / "accuracy_vs_margin.png", acc_jump=acc_jump, small_margin_nats=small_margin_nats)
-        plot_paths["correlation"] = plot_correlation(rho, nn, out_dir / "correlation.png")
+            traj_out, pairs_df, out_dir / "accuracy_vs_margin.png", acc_jump=config["acc_jump"],
+            small_margin_nats=config["small_margin_nats"])
+        plot_paths["correlation"] = plot_correlation(*corr, out_dir / "correlation.png")
 
-    config = {"run_dir": str(run.run_dir), "noise_window": noise_window, "acc_jump": acc_jump,
-              "small_margin_nats": small_margin_nats, "large_margin_nats": large_margin_nats, "hop_k": hop_k,
-              "min_hop_nats": min_hop_nats,
-              "correlation": "spearman on oriented values (higher = better)"}
     man = base_manifest("dynamics", config)
     man["inputs"] = {n: sha256_file(run.run_dir / n) for n in ("summary.csv", "scores.parquet")
                      if (run.run_dir / n).is_file()}
@@ -674,10 +747,7 @@ def compute_dynamics(
     man["notes"] = notes
     atomic_write_json(out_dir / "manifest.json", man)
     replace_dir(out_dir, final_dir)
-    out_dir = final_dir
-    plot_paths = {k: (out_dir / p.name if p is not None else None) for k, p in plot_paths.items()}
-    return DynamicsResult(run_dir=run.run_dir, out_dir=out_dir, stats=stats, trajectories=traj_out, pairs=pairs_df,
-                          correlation=rho, correlation_n=nn, plots=plot_paths, notes=notes)
+    return final_dir, {k: (final_dir / p.name if p is not None else None) for k, p in plot_paths.items()}
 
 
 _PAIR_COLUMNS = [

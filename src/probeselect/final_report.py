@@ -208,11 +208,12 @@ def floor_ceiling(transfer: pd.DataFrame | None) -> list[dict[str, Any]]:
 def _naive_bullet(sel: dict, run_dir: Path, metric: str, level: float) -> str | None:
     """The naive choices (the latest checkpoint, the lowest pretraining held-out bpb) against the
     top base: their piloted transfer and difference to the top, or that they were not piloted."""
-    from ._front_page import _lowest_bpb, _steps
+    from ._front_page import _steps
+    from .dynamics import lowest_heldout_bpb
 
     manifest = _read_json(run_dir / "manifest.json")
     steps = _steps(manifest)
-    lowest = _lowest_bpb(_read_csv(run_dir / "summary.csv"))
+    lowest = lowest_heldout_bpb(_read_csv(run_dir / "summary.csv"))
     naive: dict[str, list[str]] = {}
     if steps:
         naive.setdefault(max(steps, key=lambda n: steps[n]), []).append("the latest checkpoint")

@@ -531,9 +531,7 @@ def sample_generations(
     device = next(model.parameters()).device
     cache_kw, keep_last = _forward_kwargs(model)
     eos = _eos_ids(model, tokenizer)
-    pad_id = getattr(model.config, "pad_token_id", None)
-    if pad_id is None:
-        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    pad_id = _pad_id(model, tokenizer)
     encoded, cut = _encode_prompts(model, tokenizer, prompts, max_new_tokens, max_length, on_overflow)
     if engine == "shared":  # the fallback is noted here: its warning's stacklevel names our caller
         why = unsupported_reason(model, max(map(len, encoded)) + max_new_tokens)
@@ -550,29 +548,44 @@ def sample_generations(
     if stats is not None:
         stats.update(prompts=len(prompts), prompt_tokens=sum(map(len, encoded)), shared_groups=len(lay.groups),
                      shared_prompts=sum(len(m) for _, m in lay.groups), prefill_tokens=0)
-    results: list[list[Generation] | None] = [None] * len(prompts)
-    finished: dict[tuple[tuple[int, ...], str | None], Generation] = {}  # decode each distinct sample once
-    prefix_kv: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-    stop_mask = None
     progress, own_bar = _open_progress(progress, len(prompts) * n)
-    t_start = time.perf_counter()
     try:
-        for start in range(0, len(lay.order), batch_prompts):
-            idx = lay.order[start : start + batch_prompts]
-            cache, mask, last = _prefill(s, encoded, lay, idx, start, prefix_kv, counts)
-            if stop_mask is None:
-                stop_mask = _stop_token_mask(tokenizer, last.shape[-1], device)
-            toks, reasons = _decode_batch(s, cache, mask, last, stop_mask, _uniforms(s, idx))
-            del cache
-            _collect(s, idx, toks, reasons, cut, finished, results, progress, own_bar)
-            counts.done += len(idx) * n
-            if progress is not None and not own_bar and hasattr(progress, "set_postfix_str"):
-                progress.set_postfix_str(f"{counts.done / max(time.perf_counter() - t_start, 1e-9):.0f} samples/s")
+        return _sample_batches(s, encoded, cut, lay, batch_prompts, counts, progress, own_bar)
     finally:
         if own_bar:
             progress.close()
         if stats is not None:
             stats["prefill_tokens"] = counts.prefill
+
+
+def _pad_id(model, tokenizer) -> int:
+    """The padding token: the model config's, else the tokenizer's, else 0."""
+    pad_id = getattr(model.config, "pad_token_id", None)
+    if pad_id is None:
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return pad_id
+
+
+def _sample_batches(s: _Sampler, encoded: list[list[int]], cut: list[int], lay: _Layout, batch_prompts: int,
+                    counts: _Counts, progress, own_bar: bool) -> list[list[Generation]]:
+    """Prefill the prompts ``batch_prompts`` at a time in the layout's order, decode each batch's
+    rows and collect every prompt's samples (each distinct sample decoded to text once)."""
+    results: list[list[Generation] | None] = [None] * len(encoded)
+    finished: dict[tuple[tuple[int, ...], str | None], Generation] = {}  # decode each distinct sample once
+    prefix_kv: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    stop_mask = None
+    t_start = time.perf_counter()
+    for start in range(0, len(lay.order), batch_prompts):
+        idx = lay.order[start : start + batch_prompts]
+        cache, mask, last = _prefill(s, encoded, lay, idx, start, prefix_kv, counts)
+        if stop_mask is None:
+            stop_mask = _stop_token_mask(s.tokenizer, last.shape[-1], s.device)
+        toks, reasons = _decode_batch(s, cache, mask, last, stop_mask, _uniforms(s, idx))
+        del cache
+        _collect(s, idx, toks, reasons, cut, finished, results, progress, own_bar)
+        counts.done += len(idx) * s.n
+        if progress is not None and not own_bar and hasattr(progress, "set_postfix_str"):
+            progress.set_postfix_str(f"{counts.done / max(time.perf_counter() - t_start, 1e-9):.0f} samples/s")
     return results  # type: ignore[return-value]
 
 

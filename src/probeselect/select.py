@@ -71,7 +71,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -303,7 +303,12 @@ def _n_items(tables: PilotTables, metric: str, bases: list[str], seeds: list[int
 
 
 def rank_bases(tables: PilotTables, spec: SelectionSpec, *, bases: list[str] | None = None) -> Ranking:
-    """Rank the piloted ``bases`` (default: all in ``transfer.csv``) under ``spec`` (module docstring)."""
+    """Rank the piloted ``bases`` (default: all in ``transfer.csv``) under ``spec`` (module docstring).
+
+    Steps: the SFT seeds every base has (:func:`_common_seeds`), the per-seed values and their
+    means, the constraints (:func:`_constraint_columns`), the per-base intervals, the eligible bases
+    against the top one (:func:`_compare_eligible`) and the verdict (:func:`_decide`).
+    """
     transfer = tables.transfer
     src = str(tables.out_dir / "transfer.csv")
     notes: list[str] = []
@@ -312,6 +317,45 @@ def rank_bases(tables: PilotTables, spec: SelectionSpec, *, bases: list[str] | N
     if absent:
         raise SelectionError(f"{src}: base {absent[0]!r} has no transfer rows; pilot it first.")
     prim = transfer[transfer["metric"] == spec.primary]
+    seeds = _common_seeds(prim, bases, spec, src, notes)
+    n_s = len(seeds)
+    sign = 1.0 if spec.direction == "higher" else -1.0
+    point = _seed_means(transfer, spec.primary, bases, seeds, src)
+    per_seed = (prim[prim["seed"].isin(seeds)].pivot_table(index="base", columns="seed", values="value", aggfunc="mean")
+                .reindex(index=bases, columns=seeds))
+    table = pd.DataFrame({"base": bases, "primary_metric": spec.primary, "direction": spec.direction,
+                          "value": point.to_numpy(float)})
+    for s in seeds:
+        table[f"seed{s}"] = per_seed[s].to_numpy(float)
+    fails = _constraint_columns(table, transfer, spec, bases, seeds, src)
+
+    values = per_seed.to_numpy(float)                                        # (bases, seeds)
+    lo, hi = base_intervals(values, spec.level)
+    table["ci_lo"], table["ci_hi"] = lo, hi
+    n_i = _n_items(tables, spec.primary, bases, seeds)
+    table["n_items"] = n_i
+    table["n_seeds"] = n_s
+
+    elig = [b for b in bases if not fails[b]]
+    elig.sort(key=lambda b: -sign * point[b])
+    rest = sorted([b for b in bases if fails[b]], key=lambda b: -sign * point[b] if point[b] == point[b] else math.inf)
+    cmp = _compare_eligible(table, values, bases, elig, sign, spec, n_s)
+    table["position"] = [elig.index(b) + 1 if b in elig else np.nan for b in bases]
+    table["transfer_rank"] = pd.Series(-sign * point.to_numpy(float)).rank(method="average").to_numpy()
+    table = table.set_index("base").loc[elig + rest].reset_index()
+
+    dec = _decide(spec, point, elig, cmp, n_s, sign, notes)
+    table["recommended"] = table["base"].eq(dec.recommended) if dec.recommended else False
+    return Ranking(table=table, verdict=dec.verdict, recommended=dec.recommended, top=dec.top, runner_up=dec.runner_up,
+                   diff=dec.diff, diff_ci=dec.diff_ci, p_top_beats_runner_up=dec.p_beat, seeds=seeds, n_items=n_i,
+                   notes=notes, n_comparisons=len(elig) - 1 if len(elig) > 1 else 0,
+                   t_critical=None if cmp is None or cmp.crit != cmp.crit else cmp.crit, reason=dec.reason,
+                   min_sft_seeds=spec.min_sft_seeds)
+
+
+def _common_seeds(prim: pd.DataFrame, bases: list[str], spec: SelectionSpec, src: str, notes: list[str]) -> list[int]:
+    """The SFT seeds with a primary value for every base (an error when there is none); notes seeds
+    some bases lack, a single seed and fewer seeds than ``min_sft_seeds``."""
     seed_sets = {b: set(prim.loc[prim["base"] == b, "seed"].astype(int)) for b in bases}
     seeds = sorted(set.intersection(*seed_sets.values())) if seed_sets else []
     all_seeds = sorted(set.union(*seed_sets.values())) if seed_sets else []
@@ -328,14 +372,13 @@ def rank_bases(tables: PilotTables, spec: SelectionSpec, *, bases: list[str] | N
     elif n_s < spec.min_sft_seeds:
         notes.append(f"{n_s} SFT seeds < selection.min_sft_seeds = {spec.min_sft_seeds}: intervals are reported but no "
                      "clear winner is declared. Pilot more seeds.")
-    sign = 1.0 if spec.direction == "higher" else -1.0
-    point = _seed_means(transfer, spec.primary, bases, seeds, src)
-    per_seed = (prim[prim["seed"].isin(seeds)].pivot_table(index="base", columns="seed", values="value", aggfunc="mean")
-                .reindex(index=bases, columns=seeds))
-    table = pd.DataFrame({"base": bases, "primary_metric": spec.primary, "direction": spec.direction,
-                          "value": point.to_numpy(float)})
-    for s in seeds:
-        table[f"seed{s}"] = per_seed[s].to_numpy(float)
+    return seeds
+
+
+def _constraint_columns(table: pd.DataFrame, transfer: pd.DataFrame, spec: SelectionSpec, bases: list[str],
+                        seeds: list[int], src: str) -> dict[str, list[str]]:
+    """Each constraint's seed-mean column and pass column, then ``eligible`` and
+    ``failed_constraints``; returns base -> the constraints it fails."""
     fails: dict[str, list[str]] = {b: [] for b in bases}
     for c in spec.constraints:
         vals = _seed_means(transfer, c.metric, bases, seeds, src)
@@ -347,18 +390,14 @@ def rank_bases(tables: PilotTables, spec: SelectionSpec, *, bases: list[str] | N
                 fails[b].append(f"{c.metric} {v:.4g} fails {c.id}" if v == v else f"no {c.metric} value")
     table["eligible"] = [not fails[b] for b in bases]
     table["failed_constraints"] = ["; ".join(fails[b]) for b in bases]
+    return fails
 
-    values = per_seed.to_numpy(float)                                        # (bases, seeds)
-    lo, hi = base_intervals(values, spec.level)
-    table["ci_lo"], table["ci_hi"] = lo, hi
-    n_i = _n_items(tables, spec.primary, bases, seeds)
-    table["n_items"] = n_i
-    table["n_seeds"] = n_s
 
-    elig = [b for b in bases if not fails[b]]
-    elig.sort(key=lambda b: -sign * point[b])
-    rest = sorted([b for b in bases if fails[b]], key=lambda b: -sign * point[b] if point[b] == point[b] else math.inf)
-    order = elig + rest
+def _compare_eligible(table: pd.DataFrame, values: np.ndarray, bases: list[str], elig: list[str], sign: float,
+                      spec: SelectionSpec, n_s: int):
+    """Every eligible base against the top one (``diff_vs_top`` columns, :func:`compare_top`) and
+    each one's posterior probability of being best (``p_best``); the comparison, or None with
+    fewer than two eligible bases."""
     col = {b: i for i, b in enumerate(bases)}
     table["diff_vs_top"] = np.nan
     table["diff_vs_top_lo"] = np.nan
@@ -384,10 +423,23 @@ def rank_bases(tables: PilotTables, spec: SelectionSpec, *, bases: list[str] | N
     elif len(elig) == 1:
         p_best = {elig[0]: 1.0}
     table["p_best"] = [p_best.get(b, np.nan) for b in bases]
-    table["position"] = [elig.index(b) + 1 if b in elig else np.nan for b in bases]
-    table["transfer_rank"] = pd.Series(-sign * point.to_numpy(float)).rank(method="average").to_numpy()
-    table = table.set_index("base").loc[order].reset_index()
+    return cmp
 
+
+class _Decision(NamedTuple):
+    verdict: str
+    recommended: str | None
+    top: str | None
+    runner_up: str | None
+    reason: str | None
+    diff: float | None
+    diff_ci: tuple[float, float] | None
+    p_beat: float | None
+
+
+def _decide(spec: SelectionSpec, point: pd.Series, elig: list[str], cmp, n_s: int, sign: float,
+            notes: list[str]) -> _Decision:
+    """The verdict on the top eligible base against the runner-up (module docstring)."""
     top = elig[0] if elig else None
     ru = elig[1] if len(elig) > 1 else None
     diff = diff_ci = p_beat = None
@@ -420,12 +472,7 @@ def rank_bases(tables: PilotTables, spec: SelectionSpec, *, bases: list[str] | N
         else:
             verdict, rec = "no_clear_winner", None
             reason = "an interval of top - other overlaps the tie margin"
-    table["recommended"] = table["base"].eq(rec) if rec else False
-    return Ranking(table=table, verdict=verdict, recommended=rec, top=top, runner_up=ru, diff=diff, diff_ci=diff_ci,
-                   p_top_beats_runner_up=p_beat, seeds=seeds, n_items=n_i, notes=notes,
-                   n_comparisons=len(elig) - 1 if len(elig) > 1 else 0,
-                   t_critical=None if cmp is None or cmp.crit != cmp.crit else cmp.crit, reason=reason,
-                   min_sft_seeds=spec.min_sft_seeds)
+    return _Decision(verdict, rec, top, ru, reason, diff, diff_ci, p_beat)
 
 
 # ---------------------------------------------------------------------------

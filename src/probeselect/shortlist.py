@@ -338,17 +338,17 @@ def _apply_constraints(inp: _Inputs, table: pd.DataFrame) -> _Checks:
 
 def _heldout_bpb_limit(inp: _Inputs, table: pd.DataFrame, checks: _Checks) -> None:
     """``heldout_bpb_within``: skipped with a note when the run has no held-out NLL rows."""
-    summary, order, cands, plan = inp.summary, inp.order, inp.cands, inp.plan
-    nll = summary[summary["kind"].eq("nll")]
-    if "bits_per_byte" in nll.columns:
-        nll = nll[nll["bits_per_byte"].notna()]
-    if "bits_per_byte" not in summary.columns or not len(nll):
+    from .dynamics import heldout_bpb
+
+    order, cands, plan = inp.order, inp.cands, inp.plan
+    per = heldout_bpb(inp.summary)
+    if per.empty:
         inp.notes.append("constraint heldout_bpb_within skipped: the run has no held-out NLL rows "
                          "(family heldout_nll with a bits_per_byte value). Score with held-out NLL to apply it.")
         table["heldout_bpb"] = np.nan
         table["pass_heldout_bpb"] = pd.NA
         return
-    bpb = nll.groupby("checkpoint")["bits_per_byte"].mean().reindex(order)
+    bpb = per.reindex(order)
     best = bpb.reindex(cands).min()
     worst = bpb.reindex(cands).max()
     w, mode = plan.heldout_bpb_within, plan.heldout_bpb_mode
@@ -427,10 +427,10 @@ def _references(inp: _Inputs, table: pd.DataFrame) -> dict[str, str]:
             else:
                 out[rule] = inp.cands[-1] if inp.cands else None
         else:
-            nll = inp.summary[inp.summary["kind"].eq("nll")]
-            bpb = (nll.groupby("checkpoint")["bits_per_byte"].mean().reindex(inp.cands).dropna()
-                   if "bits_per_byte" in nll.columns else pd.Series(dtype=float))
-            out[rule] = None if bpb.empty else str(bpb.idxmin())
+            from .dynamics import lowest_heldout_bpb
+
+            lowest = lowest_heldout_bpb(inp.summary, among=inp.cands)
+            out[rule] = None if lowest is None else lowest.checkpoint
         if out[rule] is None:
             inp.notes.append(f"reference {rule}: no candidate has the value it needs (step / held-out bits per byte); "
                              "not piloted.")

@@ -12,7 +12,7 @@ import copy
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 
 from .._io import canonical_json_hash
@@ -227,130 +227,38 @@ def _check_keys(src: str, section: str, value: Any, allowed: set[str]) -> dict:
 
 
 def recipe_from_dict(given: Any, *, source: str = "<recipe>", check_files: bool = True) -> Recipe:
-    """Validate a recipe mapping (as read from YAML, overrides applied) into a :class:`Recipe`."""
-    src = source
-    if not isinstance(given, dict):
-        raise RecipeError(f"{src}: a recipe must be a YAML mapping with keys {', '.join(_SECTIONS)}.")
-    for k in given:
-        if k not in _SECTIONS:
-            raise RecipeError(f"{src}: unknown top-level key {k!r}.{did_you_mean(str(k), _SECTIONS)} "
-                              f"Allowed: {', '.join(_SECTIONS)}.")
-    for k in ("name", "data", "budget", "optimizer", "seeds"):
-        if k not in given:
-            raise RecipeError(f"{src}: missing required key {k!r}. See recipes/pilot.yaml for a complete example.")
-    for sec, allowed in _SECTIONS.items():
-        if allowed is not None and sec in given:
-            _check_keys(src, sec, given[sec], allowed)
-    given = dict(given)
-    batch_seeds = given.pop("batch_seeds", None)
-    if batch_seeds is not None and not isinstance(batch_seeds, bool):
-        raise _err(src, "batch_seeds", f"expected true, false or null (the default: true for LoRA), got "
-                                       f"{batch_seeds!r}.")
-    raw = _merge(_DEFAULTS, given)
-    if raw["method"].get("type", "lora") == "lora":
-        raw["method"] = _merge(_LORA_DEFAULTS, raw["method"])
+    """Validate a recipe mapping (as read from YAML, overrides applied) into a :class:`Recipe`.
 
+    Checks run in section order and the first problem is raised: the keys, then ``name``,
+    ``data`` and ``masking``, ``budget``, ``optimizer``, ``method``, ``seeds``, ``transfer``
+    and ``eval``, the diagnostics, checkpointing and precision values; the data file last.
+    """
+    src = source
+    _check_sections(given, src)
+    raw, batch_seeds = _with_defaults(given, src)
     name = raw["name"]
     if not isinstance(name, str) or not name:
         raise _err(src, "name", "expected a non-empty string.")
-
-    d = raw["data"]
-    if "train" not in d or not isinstance(d["train"], str) or not d["train"]:
-        raise _err(src, "data.train", "required: path to a JSONL, parquet or saved datasets folder.")
-    train_path = Path(d["train"]).expanduser().resolve()
-    if d["chat_template"] is not None and not isinstance(d["chat_template"], str):
-        raise _err(src, "data.chat_template", "expected a Jinja template string or null.")
-    max_length = _int(src, "data.max_length", d["max_length"], minimum=2)
-    loss_on = _choice(src, "masking.loss_on", raw["masking"]["loss_on"], ("response", "all"))
-
-    b = raw["budget"]
-    if len(b) != 1:
-        raise _err(src, "budget", "give exactly one of optimizer_steps or supervised_tokens.")
-    steps = _int(src, "budget.optimizer_steps", b["optimizer_steps"], minimum=1) if "optimizer_steps" in b else None
-    sup = _int(src, "budget.supervised_tokens", b["supervised_tokens"], minimum=1) if "supervised_tokens" in b else None
-
-    o = raw["optimizer"]
-    for req in ("lr", "micro_batch_size"):
-        if req not in o:
-            raise _err(src, f"optimizer.{req}", "required.")
-    betas = o["betas"]
-    if not (isinstance(betas, list) and len(betas) == 2):
-        raise _err(src, "optimizer.betas", f"expected [beta1, beta2], got {betas!r}.")
-    betas_t = tuple(_float(src, "optimizer.betas", x, minimum=0.0) for x in betas)
-    if any(x >= 1 for x in betas_t):
-        raise _err(src, "optimizer.betas", "each beta must be < 1.")
-    clip = _check_keys(src, "optimizer.clip", o["clip"], {"rule", "max_norm"})
-    clip_rule = _choice(src, "optimizer.clip.rule", clip.get("rule", "global_norm"), ("global_norm",))
-    max_norm = clip.get("max_norm")
-    max_norm = None if max_norm is None else _float(src, "optimizer.clip.max_norm", max_norm, positive=True)
-    opt = OptimizerConfig(
-        lr=_float(src, "optimizer.lr", o["lr"], positive=True),
-        betas=betas_t,  # type: ignore[arg-type]
-        eps=_float(src, "optimizer.eps", o["eps"], positive=True),
-        weight_decay=_float(src, "optimizer.weight_decay", o["weight_decay"], minimum=0.0),
-        warmup_steps=_int(src, "optimizer.warmup_steps", o["warmup_steps"], minimum=0),
-        schedule=_choice(src, "optimizer.schedule", o["schedule"], ("cosine", "linear", "constant")),
-        min_lr_ratio=_float(src, "optimizer.min_lr_ratio", o["min_lr_ratio"], minimum=0.0),
-        clip_rule=clip_rule,
-        max_norm=max_norm,
-        micro_batch_size=_int(src, "optimizer.micro_batch_size", o["micro_batch_size"], minimum=1),
-        grad_accum=_int(src, "optimizer.grad_accum", o["grad_accum"], minimum=1),
-    )
-
-    m = raw["method"]
-    mtype = _choice(src, "method.type", m.get("type"), ("lora", "full"))
-    if mtype == "lora":
-        tm = m["target_modules"]
-        if tm == "all-linear":
-            tm = [tm]
-        if not (isinstance(tm, list) and tm and all(isinstance(x, str) and x for x in tm)):
-            raise _err(src, "method.target_modules", "expected `all-linear` (every linear layer of the attention and "
-                       "MLP blocks, the default) or a non-empty list of module names, e.g. [q_proj, v_proj] "
-                       "(Llama), [c_attn] (GPT-2), [query_key_value] (GPT-NeoX).")
-        method = MethodConfig("lora", r=_int(src, "method.r", m["r"], minimum=1),
-                              alpha=_float(src, "method.alpha", m["alpha"], positive=True),
-                              dropout=_float(src, "method.dropout", m["dropout"], minimum=0.0), target_modules=tuple(tm))
-        if method.dropout >= 1:
-            raise _err(src, "method.dropout", "must be < 1.")
-    else:
-        extra = sorted(set(m) - {"type"})
-        if extra:
-            raise _err(src, "method", f"keys {extra} apply to LoRA only; remove them for type: full.")
-        method = MethodConfig("full")
-
-    seeds = raw["seeds"]
-    if not (isinstance(seeds, list) and seeds) or any(isinstance(s, bool) or not isinstance(s, int) for s in seeds):
-        raise _err(src, "seeds", f"expected a non-empty list of integers, got {seeds!r}.")
-    if len(set(seeds)) != len(seeds):
-        raise _err(src, "seeds", f"duplicate seeds in {seeds}.")
-
+    data = _parse_data(src, raw)
+    steps, sup = _parse_budget(src, raw["budget"])
+    opt = _parse_optimizer(src, raw["optimizer"])
+    method = _parse_method(src, raw["method"])
+    seeds = _parse_seeds(src, raw["seeds"])
+    transfer, eval_every = _parse_transfer_and_eval(src, raw)
     ev, dg, ck = raw["eval"], raw["diagnostics"], raw["checkpointing"]
-    transfer = raw["transfer"]
-    if transfer is None:
-        transfer = raw["transfer"] = {}
-    if not isinstance(transfer, dict):
-        raise _err(src, "transfer", "expected a mapping (tasks, robustness, heldout, max_new_tokens, ...).")
-    eval_every = _int(src, "eval.every", ev["every"], minimum=0)
-    if eval_every and not transfer.get("heldout"):
-        raise _err(src, "eval.every", "periodic held-out loss needs transfer.heldout (held-out SFT rows); "
-                                      "set it or use eval.every=0.")
-    if transfer:  # keys and types now; its files are read by the pilot
-        from ..transfer import validate_transfer_config
-
-        validate_transfer_config(transfer, source=src)
     recipe = Recipe(
         raw=raw,
         sha256=canonical_json_hash(raw),
         name=name,
-        train_path=train_path,
-        chat_template=d["chat_template"],
-        max_length=max_length,
-        loss_on=loss_on,
+        train_path=data.train_path,
+        chat_template=data.chat_template,
+        max_length=data.max_length,
+        loss_on=data.loss_on,
         optimizer_steps=steps,
         supervised_tokens=sup,
         optimizer=opt,
         method=method,
-        seeds=tuple(seeds),
+        seeds=seeds,
         eval_every=eval_every,
         eval_max_items=_int(src, "eval.max_items", ev["max_items"], minimum=1),
         spike_window=_int(src, "diagnostics.spike_window", dg["spike_window"], minimum=1),
@@ -366,11 +274,147 @@ def recipe_from_dict(given: Any, *, source: str = "<recipe>", check_files: bool 
         batch_seeds=batch_seeds,
     )
     # Files last: every typo in the recipe is reported before a missing data file.
-    if check_files and not train_path.exists():
-        raise _err(src, "data.train", f"file not found: {train_path} (relative paths resolve against the "
+    if check_files and not data.train_path.exists():
+        raise _err(src, "data.train", f"file not found: {data.train_path} (relative paths resolve against the "
                                       "current directory). Build the data, e.g. `probeselect toy-ladder "
                                       "results/demo/ladder`, or override data.train=PATH.")
     return recipe
+
+
+def _check_sections(given: Any, src: str) -> None:
+    """A mapping of known top-level keys, the required ones present, each section's keys known."""
+    if not isinstance(given, dict):
+        raise RecipeError(f"{src}: a recipe must be a YAML mapping with keys {', '.join(_SECTIONS)}.")
+    for k in given:
+        if k not in _SECTIONS:
+            raise RecipeError(f"{src}: unknown top-level key {k!r}.{did_you_mean(str(k), _SECTIONS)} "
+                              f"Allowed: {', '.join(_SECTIONS)}.")
+    for k in ("name", "data", "budget", "optimizer", "seeds"):
+        if k not in given:
+            raise RecipeError(f"{src}: missing required key {k!r}. See recipes/pilot.yaml for a complete example.")
+    for sec, allowed in _SECTIONS.items():
+        if allowed is not None and sec in given:
+            _check_keys(src, sec, given[sec], allowed)
+
+
+def _with_defaults(given: dict, src: str) -> tuple[dict, bool | None]:
+    """The recipe with the defaults (and LoRA's) filled in, and ``batch_seeds`` taken out of it."""
+    given = dict(given)
+    batch_seeds = given.pop("batch_seeds", None)
+    if batch_seeds is not None and not isinstance(batch_seeds, bool):
+        raise _err(src, "batch_seeds", f"expected true, false or null (the default: true for LoRA), got "
+                                       f"{batch_seeds!r}.")
+    raw = _merge(_DEFAULTS, given)
+    if raw["method"].get("type", "lora") == "lora":
+        raw["method"] = _merge(_LORA_DEFAULTS, raw["method"])
+    return raw, batch_seeds
+
+
+class _Data(NamedTuple):
+    train_path: Path
+    chat_template: str | None
+    max_length: int
+    loss_on: str
+
+
+def _parse_data(src: str, raw: dict) -> _Data:
+    """``data`` (the train path resolved, not yet checked on disk) and ``masking.loss_on``."""
+    d = raw["data"]
+    if "train" not in d or not isinstance(d["train"], str) or not d["train"]:
+        raise _err(src, "data.train", "required: path to a JSONL, parquet or saved datasets folder.")
+    train_path = Path(d["train"]).expanduser().resolve()
+    if d["chat_template"] is not None and not isinstance(d["chat_template"], str):
+        raise _err(src, "data.chat_template", "expected a Jinja template string or null.")
+    max_length = _int(src, "data.max_length", d["max_length"], minimum=2)
+    loss_on = _choice(src, "masking.loss_on", raw["masking"]["loss_on"], ("response", "all"))
+    return _Data(train_path, d["chat_template"], max_length, loss_on)
+
+
+def _parse_budget(src: str, b: dict) -> tuple[int | None, int | None]:
+    """``budget``: (optimizer_steps, supervised_tokens), exactly one of them set."""
+    if len(b) != 1:
+        raise _err(src, "budget", "give exactly one of optimizer_steps or supervised_tokens.")
+    steps = _int(src, "budget.optimizer_steps", b["optimizer_steps"], minimum=1) if "optimizer_steps" in b else None
+    sup = _int(src, "budget.supervised_tokens", b["supervised_tokens"], minimum=1) if "supervised_tokens" in b else None
+    return steps, sup
+
+
+def _parse_optimizer(src: str, o: dict) -> OptimizerConfig:
+    for req in ("lr", "micro_batch_size"):
+        if req not in o:
+            raise _err(src, f"optimizer.{req}", "required.")
+    betas = o["betas"]
+    if not (isinstance(betas, list) and len(betas) == 2):
+        raise _err(src, "optimizer.betas", f"expected [beta1, beta2], got {betas!r}.")
+    betas_t = tuple(_float(src, "optimizer.betas", x, minimum=0.0) for x in betas)
+    if any(x >= 1 for x in betas_t):
+        raise _err(src, "optimizer.betas", "each beta must be < 1.")
+    clip = _check_keys(src, "optimizer.clip", o["clip"], {"rule", "max_norm"})
+    clip_rule = _choice(src, "optimizer.clip.rule", clip.get("rule", "global_norm"), ("global_norm",))
+    max_norm = clip.get("max_norm")
+    max_norm = None if max_norm is None else _float(src, "optimizer.clip.max_norm", max_norm, positive=True)
+    return OptimizerConfig(
+        lr=_float(src, "optimizer.lr", o["lr"], positive=True),
+        betas=betas_t,  # type: ignore[arg-type]
+        eps=_float(src, "optimizer.eps", o["eps"], positive=True),
+        weight_decay=_float(src, "optimizer.weight_decay", o["weight_decay"], minimum=0.0),
+        warmup_steps=_int(src, "optimizer.warmup_steps", o["warmup_steps"], minimum=0),
+        schedule=_choice(src, "optimizer.schedule", o["schedule"], ("cosine", "linear", "constant")),
+        min_lr_ratio=_float(src, "optimizer.min_lr_ratio", o["min_lr_ratio"], minimum=0.0),
+        clip_rule=clip_rule,
+        max_norm=max_norm,
+        micro_batch_size=_int(src, "optimizer.micro_batch_size", o["micro_batch_size"], minimum=1),
+        grad_accum=_int(src, "optimizer.grad_accum", o["grad_accum"], minimum=1),
+    )
+
+
+def _parse_method(src: str, m: dict) -> MethodConfig:
+    mtype = _choice(src, "method.type", m.get("type"), ("lora", "full"))
+    if mtype == "lora":
+        tm = m["target_modules"]
+        if tm == "all-linear":
+            tm = [tm]
+        if not (isinstance(tm, list) and tm and all(isinstance(x, str) and x for x in tm)):
+            raise _err(src, "method.target_modules", "expected `all-linear` (every linear layer of the attention and "
+                       "MLP blocks, the default) or a non-empty list of module names, e.g. [q_proj, v_proj] "
+                       "(Llama), [c_attn] (GPT-2), [query_key_value] (GPT-NeoX).")
+        method = MethodConfig("lora", r=_int(src, "method.r", m["r"], minimum=1),
+                              alpha=_float(src, "method.alpha", m["alpha"], positive=True),
+                              dropout=_float(src, "method.dropout", m["dropout"], minimum=0.0), target_modules=tuple(tm))
+        if method.dropout >= 1:
+            raise _err(src, "method.dropout", "must be < 1.")
+        return method
+    extra = sorted(set(m) - {"type"})
+    if extra:
+        raise _err(src, "method", f"keys {extra} apply to LoRA only; remove them for type: full.")
+    return MethodConfig("full")
+
+
+def _parse_seeds(src: str, seeds: Any) -> tuple[int, ...]:
+    if not (isinstance(seeds, list) and seeds) or any(isinstance(s, bool) or not isinstance(s, int) for s in seeds):
+        raise _err(src, "seeds", f"expected a non-empty list of integers, got {seeds!r}.")
+    if len(set(seeds)) != len(seeds):
+        raise _err(src, "seeds", f"duplicate seeds in {seeds}.")
+    return tuple(seeds)
+
+
+def _parse_transfer_and_eval(src: str, raw: dict) -> tuple[dict, int]:
+    """``transfer`` (null read as ``{}``, written back into ``raw`` before it is hashed; its keys and
+    types checked now, its files by the pilot) and ``eval.every``, which needs ``transfer.heldout``."""
+    transfer = raw["transfer"]
+    if transfer is None:
+        transfer = raw["transfer"] = {}
+    if not isinstance(transfer, dict):
+        raise _err(src, "transfer", "expected a mapping (tasks, robustness, heldout, max_new_tokens, ...).")
+    eval_every = _int(src, "eval.every", raw["eval"]["every"], minimum=0)
+    if eval_every and not transfer.get("heldout"):
+        raise _err(src, "eval.every", "periodic held-out loss needs transfer.heldout (held-out SFT rows); "
+                                      "set it or use eval.every=0.")
+    if transfer:
+        from ..transfer import validate_transfer_config
+
+        validate_transfer_config(transfer, source=src)
+    return transfer, eval_every
 
 
 def load_recipe(path: str | Path, overrides: Sequence[str] = (), *, check_files: bool = True) -> Recipe:
