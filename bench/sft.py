@@ -332,7 +332,8 @@ def main() -> None:
     if args.seeds > 1:
         a["side"] = f"probeselect batched x{args.seeds}" + (" packed" if a["packed"] else " PADDED")
     print(f"model: Llama hidden {args.hidden}, {args.layers} layers, {args.heads} heads, intermediate "
-          f"{args.intermediate}, vocabulary {args.vocab_used} (tokenizer {args.tok_size}), {args.n_params / 1e6:.1f}M parameters;"
+          f"{args.intermediate}, vocabulary {args.vocab_used} (tokenizer {args.tok_size}), "
+          f"{args.n_params / 1e6:.1f}M parameters;"
           f" method {args.method}, micro-batch {args.micro_batch} x grad-accum {args.grad_accum}, {args.steps} steps "
           f"({args.warmup} warm-up), seeds {args.seeds}, TRL layout {args.trl_layout}, 1 thread")
     same = a["sup_tokens_per_step"] == b["sup_tokens_per_step"]
@@ -345,7 +346,8 @@ def main() -> None:
               f"{fl:>22} {r['rss_after_setup_mib']:>8.0f}Mi {r['peak_rss_mib']:>7.0f}Mi")
     print(f"throughput ratio probeselect/TRL: {a['tokens_per_s'] / b['tokens_per_s']:.2f}x; "
           f"peak RSS ratio: {a['peak_rss_mib'] / b['peak_rss_mib']:.2f}x")
-    print(f"load average at start: {load_start}; at end: {_load()}; whole command {time.perf_counter() - t_start:.0f} s")
+    print(f"load average at start: {load_start}; at end: {_load()}; "
+          f"whole command {time.perf_counter() - t_start:.0f} s")
     if not same:
         sys.exit("the two sides did not train on the same supervised tokens per step: the comparison is invalid")
 
