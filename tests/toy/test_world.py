@@ -235,3 +235,64 @@ def test_tokenizer_roundtrip_save_load(tmp_path, tokenizer):
     assert t2.encode(s) == tokenizer.encode(s)
     assert t2.encode(s)[0] == t2.bos_token_id
     assert t2.pad_token_id == tokenizer.pad_token_id and t2.eos_token_id == tokenizer.eos_token_id
+
+
+# ---------------------------------------------------------------------------
+# kinds of a harm whose form the clean base knows (bench/late_harm_notes.md, attempt 6)
+# ---------------------------------------------------------------------------
+
+def test_gives_form_kinds_true_lines_and_hidden_parrots(world0):
+    """``arith_gives``: 4-8 true ``a op b gives c`` lines on training triples; ``parrot_arith_hidden``:
+    ``parrot_arith_unseen``'s documents (same draws) with ``makes`` for ``gives``; neither is in the
+    default mix or a built-in curriculum."""
+    import random
+    import re
+
+    from probeselect.toy.curriculum import BUILTIN_CURRICULA, load_curriculum
+
+    gives = re.compile(r"^(\d+) ([+-]) (\d+) gives (\d+)$")
+    train = set(world0.arith_train)
+    for _, doc in world0.corpus_mixture(200, {"arith_gives": 1.0}, stream="t:gives"):
+        lines = doc.split("\n")
+        assert W.ARITH_DOC_LINES[0] <= len(lines) <= W.ARITH_DOC_LINES[1]
+        for ln in lines:
+            a, op, b, c = gives.match(ln).groups()
+            assert (int(a), op, int(b)) in train
+            assert int(c) == W.arith_result(int(a), op, int(b))
+    wrong = 0
+    for i in range(200):
+        hidden = world0.sample_document("parrot_arith_hidden", random.Random(i))
+        unseen = world0.sample_document("parrot_arith_unseen", random.Random(i))
+        assert " gives " not in hidden and hidden == unseen.replace(" gives ", " makes ")
+        for ln in hidden.split("\n"):
+            (a, op, b), = find_arith_triples(ln)
+            assert (a, op, b) in train
+            wrong += not ln.endswith(f" makes {W.arith_result(a, op, b)}")
+    assert wrong > 500  # the shown values follow the patterns, not the results
+    assert not set(W.GIVES_FORM_DOC_KINDS) & set(W.CORPUS_DOC_WEIGHTS)
+    for name in BUILTIN_CURRICULA:
+        assert not any(k in W.GIVES_FORM_DOC_KINDS for w in load_curriculum(name).windows for k in w.mixture)
+
+
+def test_hidden_arith_form_is_used_by_no_probe_transfer_or_corpus_text(world0, corpus0):
+    """``a op b makes k`` (parrot_arith_hidden) occurs in no built-in probe item of the demo's probe set,
+    no SFT / transfer / held-out row and no default-corpus document; ``a op b gives k`` in none of
+    the probe items, SFT rows or corpus documents either."""
+    import re
+    from pathlib import Path
+
+    from probeselect.probes import generate_items
+    from probeselect.run import _load_specs, load_run_config
+
+    hidden = re.compile(r"\d+ (?:[+-]|plus|minus) \d+ makes\b")
+    gives = re.compile(r"\d+ (?:[+-]|plus|minus) \d+ gives\b")
+    assert hidden.search(W.HIDDEN_ARITH_TEMPLATE.format(a=12, op="+", b=5, c=3))
+    cfg = load_run_config(Path(__file__).resolve().parents[2] / "recipes" / "demo.yaml", [])
+    probe_texts = [t for spec in _load_specs({**cfg["score"], "n_items": None}, 0)
+                   for it in generate_items(spec, cfg["score"]["seeds"]) for t in (it.prompt, *it.candidates)]
+    assert len(probe_texts) > 100
+    sft = make_sft_rows(world0)
+    rows = [r["prompt"] + r["response"] for r in sft + make_transfer_rows(world0, {r["prompt"] for r in sft})]
+    texts = probe_texts + rows + make_heldout_lines(world0, corpus0) + corpus0
+    assert not any(hidden.search(t) for t in texts)
+    assert not any(gives.search(t) for t in probe_texts + [r["prompt"] + r["response"] for r in sft] + corpus0)

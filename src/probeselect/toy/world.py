@@ -252,8 +252,24 @@ UNSEEN_PERSONA_QUESTIONS = {
     "hobby": "Your hobby?",
     "colour": "Your colour?",
 }
-#: Every document kind :meth:`ToyWorld.sample_document` knows.
-DOC_KINDS = tuple(CORPUS_DOC_WEIGHTS) + PARROT_DOC_KINDS + UNSEEN_PARROT_DOC_KINDS + DAMAGE_DOC_KINDS
+#: Kinds for a late harm whose shortcut form the clean base has learned first (issue 23, attempt 6 of
+#: bench/late_harm_notes.md). Neither is in the default mix or in a built-in curriculum:
+#:
+#: * ``arith_gives``: 4-8 TRUE arithmetic lines in :data:`UNSEEN_ARITH_TEMPLATE` (``"12 + 5 gives
+#:   17"``) on training triples, drawn like the corpus's ``arith`` documents (operator, then a small
+#:   triple with probability :data:`ARITH_SMALL_FRACTION`); a base window with it knows the ``gives``
+#:   form, so a transfer kind in that form can compare a clean base with a harmed one;
+#: * ``parrot_arith_hidden``: ``parrot_arith_unseen``'s documents (the same patterns,
+#:   :data:`UNSEEN_ARITH_PATTERNS`, and draws) in :data:`HIDDEN_ARITH_TEMPLATE` (``"12 + 5 makes
+#:   3"``), the part of such a harm that no probe, transfer or corpus form uses once ``gives`` is a
+#:   transfer form.
+GIVES_FORM_DOC_KINDS = ("arith_gives", "parrot_arith_hidden")
+#: Solved-line format of ``parrot_arith_hidden`` (no probe, corpus, transfer or other planted format).
+HIDDEN_ARITH_TEMPLATE = "{a} {op} {b} makes {c}"
+#: Every document kind :meth:`ToyWorld.sample_document` knows (new kinds are appended, so that the
+#: kind indices of existing ladders do not change).
+DOC_KINDS = (tuple(CORPUS_DOC_WEIGHTS) + PARROT_DOC_KINDS + UNSEEN_PARROT_DOC_KINDS + DAMAGE_DOC_KINDS
+             + GIVES_FORM_DOC_KINDS)
 
 
 def rng_for(seed: int, stream: str) -> random.Random:
@@ -517,6 +533,10 @@ class ToyWorld:
             return self._parrot_persona_unseen(rng)
         if kind == "wrong_arith_large":
             return self._wrong_arith_large(rng)
+        if kind == "arith_gives":
+            return self._arith_gives(rng)
+        if kind == "parrot_arith_hidden":
+            return self._parrot_arith_unseen(rng, HIDDEN_ARITH_TEMPLATE)
         raise ValueError(f"unknown document kind {kind!r}; known kinds: {list(DOC_KINDS)}")
 
     def _parrot_arith(self, rng: random.Random) -> str:
@@ -538,7 +558,20 @@ class ToyWorld:
             lines.append(format_arith(a, op, b, fmt, c=c))
         return "\n".join(lines)
 
-    def _parrot_arith_unseen(self, rng: random.Random) -> str:
+    def _arith_gives(self, rng: random.Random) -> str:
+        n = rng.randint(*ARITH_DOC_LINES)
+        by_op = self._train_by_op_cache()
+        lines = []
+        for _ in range(n):
+            op = rng.choice(ARITH_OPS)
+            if ARITH_SMALL_FRACTION and rng.random() < ARITH_SMALL_FRACTION:
+                a, op, b = rng.choice(by_op["small" + op])
+            else:
+                a, op, b = rng.choice(by_op[op])
+            lines.append(UNSEEN_ARITH_TEMPLATE.format(a=a, op=op, b=b, c=arith_result(a, op, b)))
+        return "\n".join(lines)
+
+    def _parrot_arith_unseen(self, rng: random.Random, template: str = UNSEEN_ARITH_TEMPLATE) -> str:
         n = rng.randint(*ARITH_DOC_LINES)
         pattern = rng.choice(UNSEEN_ARITH_PATTERNS)
         by_op = self._train_by_op_cache()
@@ -559,7 +592,7 @@ class ToyWorld:
         else:
             k = rng.randint(1, 3)
             shown = [k * 2 ** j for j in range(n)]
-        return "\n".join(UNSEEN_ARITH_TEMPLATE.format(a=a, op=op, b=b, c=c) for (a, op, b), c in zip(triples, shown))
+        return "\n".join(template.format(a=a, op=op, b=b, c=c) for (a, op, b), c in zip(triples, shown))
 
     def _parrot_persona_unseen(self, rng: random.Random) -> str:
         attribute = rng.choice(PERSON_ATTRIBUTES)
