@@ -234,13 +234,7 @@ def probe_query_keys(items_jsonl: Path) -> set:
     from probeselect.generation import normalize_answer
     from probeselect.transfer import query_key
 
-    out = set()
-    for ln in items_jsonl.read_text().splitlines():
-        if ln.strip():
-            row = json.loads(ln)
-            last = [x for x in row["prompt"].split("\n") if x.strip()][-1]
-            out.add((query_key(last), normalize_answer(row["task_answer"])))
-    return out
+    return {(query_key(last), normalize_answer(row["task_answer"])) for row, last in _items_with_query(items_jsonl)}
 
 
 def probe_triples(items_jsonl: Path) -> set:
@@ -248,12 +242,17 @@ def probe_triples(items_jsonl: Path) -> set:
     from probeselect.toy.world import find_arith_triples
 
     out = set()
+    for _, last in _items_with_query(items_jsonl):
+        out |= find_arith_triples(last + " 0")  # the probe's query line lacks its result
+    return out
+
+
+def _items_with_query(items_jsonl: Path):
+    """(row, last non-empty prompt line) of every probe item of an ``items.jsonl``."""
     for ln in items_jsonl.read_text().splitlines():
         if ln.strip():
             row = json.loads(ln)
-            last = [x for x in row["prompt"].split("\n") if x.strip()][-1]
-            out |= find_arith_triples(last + " 0")  # the probe's query line lacks its result
-    return out
+            yield row, [x for x in row["prompt"].split("\n") if x.strip()][-1]
 
 
 def classify(text: str, row: dict) -> str:

@@ -498,15 +498,7 @@ class ToyWorld:
             fmt = _weighted(rng, ARITH_FORMAT_WEIGHTS)
             n = rng.randint(*ARITH_DOC_LINES)
             by_op = self._train_by_op_cache()
-            lines = []
-            for _ in range(n):
-                op = rng.choice(ARITH_OPS)
-                if ARITH_SMALL_FRACTION and rng.random() < ARITH_SMALL_FRACTION:
-                    a, op, b = rng.choice(by_op["small" + op])
-                else:
-                    a, op, b = rng.choice(by_op[op])
-                lines.append(format_arith(a, op, b, fmt))
-            return "\n".join(lines)
+            return "\n".join(format_arith(*self._corpus_arith_triple(rng, by_op), fmt) for _ in range(n))
         if kind == "sequence":
             n = rng.randint(3, 6)
             return "\n".join(format_sequence(make_sequence(rng.choice(SEQUENCE_KINDS), rng)) for _ in range(n))
@@ -563,13 +555,18 @@ class ToyWorld:
         by_op = self._train_by_op_cache()
         lines = []
         for _ in range(n):
-            op = rng.choice(ARITH_OPS)
-            if ARITH_SMALL_FRACTION and rng.random() < ARITH_SMALL_FRACTION:
-                a, op, b = rng.choice(by_op["small" + op])
-            else:
-                a, op, b = rng.choice(by_op[op])
+            a, op, b = self._corpus_arith_triple(rng, by_op)
             lines.append(UNSEEN_ARITH_TEMPLATE.format(a=a, op=op, b=b, c=arith_result(a, op, b)))
         return "\n".join(lines)
+
+    @staticmethod
+    def _corpus_arith_triple(rng: random.Random, by_op: dict) -> ArithTriple:
+        """One training triple drawn as the corpus ``arith`` documents draw it (an operator, then a
+        small-operand triple with probability :data:`ARITH_SMALL_FRACTION`)."""
+        op = rng.choice(ARITH_OPS)
+        if ARITH_SMALL_FRACTION and rng.random() < ARITH_SMALL_FRACTION:
+            return rng.choice(by_op["small" + op])
+        return rng.choice(by_op[op])
 
     def _parrot_arith_unseen(self, rng: random.Random, template: str = UNSEEN_ARITH_TEMPLATE) -> str:
         n = rng.randint(*ARITH_DOC_LINES)
