@@ -167,6 +167,46 @@ def test_lora_pilot_step_with_default_targets(arch, arch_models, tiny_ladder, tm
     assert adapted == LINEAR[arch]
 
 
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_sft_loss_on_supervised_positions_only_matches_full_logits(arch, arch_models, tiny_ladder):
+    """The SFT loss runs the output head on the supervised positions only; on every architecture
+    (behind a peft LoRA wrapper, padded and packed rows) it takes that path (no fallback warning) and
+    equals the full-logits cross-entropy, gradients included."""
+    import torch.nn.functional as F
+    from _sft_helpers import small_recipe
+
+    from probeselect.sft import loop as loop_mod
+    from probeselect.sft._nll import _FLAG, supervised_nll
+    from probeselect.sft.batched import pack_rows
+    from probeselect.sft.data import IGNORE, collate, encode_rows, load_rows
+
+    recipe = small_recipe(tiny_ladder, method={"type": "lora", "r": 4, "alpha": 8, "dropout": 0.0})
+    tok = load_tokenizer(arch_models[arch])
+    ex = encode_rows(load_rows(recipe.train_path)[:6], tok, max_length=recipe.max_length)
+    model = loop_mod._build_model(arch_models[arch], recipe, 0, torch.device("cpu"))
+    model.eval()
+    layouts = [collate(ex, tok.pad_token_id), pack_rows([ex[:3], ex[3:]], tok.pad_token_id, 10 ** 6)[0]]
+    for batch in layouts:
+        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
+        logits = model(**inputs, use_cache=False).logits
+        targets = batch["labels"][:, 1:]
+        sel = targets != IGNORE
+        ref = F.cross_entropy(logits[:, :-1][sel].float(), targets[sel], reduction="none")
+        ref.sum().backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+        model.zero_grad(set_to_none=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            nll, _ = supervised_nll(model, batch)
+        assert getattr(model.get_base_model(), _FLAG) is True
+        torch.testing.assert_close(nll, ref, rtol=1e-5, atol=1e-5)
+        nll.sum().backward()
+        for n, p in model.named_parameters():
+            if p.requires_grad:
+                torch.testing.assert_close(p.grad, grads[n], rtol=1e-4, atol=1e-6)
+        model.zero_grad(set_to_none=True)
+
+
 def test_wrong_target_module_lists_the_layers_that_exist(arch_models, tiny_ladder):
     from _sft_helpers import small_recipe
 

@@ -479,3 +479,47 @@ def test_grad_accum_not_split_by_the_process_count_is_the_single_run_error(tiny_
         _batched(tiny_ladder, tmp_path / "batched", recipe)
     assert str(bat.value) == str(single.value)
     assert not (tmp_path / "batched").exists()
+
+
+def test_bounded_packing_keeps_rows_short_and_examples_apart(tiny_ladder, ladder_checkpoints):
+    """``pack_rows`` with a bound: every row holds at most ``row_len`` tokens, every example of a run
+    lands exactly once in that run's consecutive rows, and each example's logits there equal its
+    logits alone (several examples per row, several rows per run). The one-row layout is the control:
+    its rows exceed the bound, so the bound is what shortens them."""
+    from probeselect.score import load_model
+
+    recipe = small_recipe(tiny_ladder)
+    _, tok, ex, m = _prepared(tiny_ladder, recipe, 0)
+    ids = m["steps"][0]["ids"]
+    runs = [[ex[i] for i in ids[:8]], [ex[i] for i in ids[8:13]]]
+    bound = max(len(e.input_ids) for r in runs for e in r)
+    batch, counts = batched_mod.pack_rows(runs, tok.pad_token_id, bound)
+    one_row, ones = batched_mod.pack_rows(runs, tok.pad_token_id)
+    assert ones == [1, 1] and one_row["input_ids"].shape[1] > bound  # the control is longer than the bound
+    assert batch["input_ids"].shape[0] == sum(counts) and batch["input_ids"].shape[1] <= bound
+    assert counts[0] >= 2 and len(counts) == 2
+    model = load_model(ladder_checkpoints[-1], torch.float32, torch.device("cpu")).eval()
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits
+        row, multi = 0, 0
+        for run, n_rows in zip(runs, counts):
+            seen = []
+            for r in range(row, row + n_rows):
+                pos = batch["position_ids"][r].tolist()
+                starts = [i for i, p in enumerate(pos) if p == 0]
+                used = int((batch["labels"][r] != -100).sum())
+                assert used > 0
+                found = 0
+                for s in starts:
+                    e = next((e for e in run if batch["input_ids"][r, s: s + len(e.input_ids)].tolist()
+                              == list(e.input_ids) and all(x is not e for x in seen)), None)
+                    if e is None:
+                        continue  # the pad tail restarts its own position run
+                    seen.append(e)
+                    found += 1
+                    alone = model(input_ids=torch.tensor([e.input_ids])).logits[0]
+                    assert float((logits[r, s: s + len(e.input_ids)] - alone).abs().max()) < 1e-4
+                multi = max(multi, found)
+            assert sorted(map(id, seen)) == sorted(map(id, run))  # each example exactly once
+            row += n_rows
+    assert multi >= 2  # some row holds several examples, so isolation inside a row is tested

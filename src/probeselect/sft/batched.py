@@ -30,11 +30,15 @@ clip coefficients and nonfinite decisions are rank 0's, broadcast, so every rank
 fails the same runs; only rank 0 writes logs, lineage, manifests and state files (every rank its own
 RNG file, as in the single-run loop) and computes held-out losses.
 
-Micro-batches are packed (:data:`PACKED`): each run's examples are concatenated into one row
-with position ids restarting at every example and no attention mask, so transformers attends
-block-diagonally (an example sees only itself; verified on the loaded base before training by
-:func:`packing_isolates`, else the rows are padded). Loss weighting is unchanged (every
-example's first label is IGNORE; the sum of token NLL over the window / its supervised tokens).
+Micro-batches are packed (:data:`PACKED`): each run's examples are concatenated into rows no
+longer than the longest example of the step's micro-batches (:func:`pack_rows`, first-fit by
+decreasing length), with position ids restarting at every example and no attention mask, so
+transformers attends block-diagonally (an example sees only itself; verified on the loaded base
+before training by :func:`packing_isolates`, else the rows are padded). Bounding the rows keeps
+attention, quadratic in the row length, from being spent across a whole micro-batch. Loss
+weighting is unchanged (every example's first label is IGNORE; the sum of token NLL over the
+window / its supervised tokens), and the output head runs on the supervised positions only
+(:func:`probeselect.sft._nll.supervised_nll`, as in the single-run path).
 
 Differences from the single-run path are floating-point only: the attention runs over packed
 rows (or rows padded to the longest of all runs' micro-batches) and the LoRA matmuls are
@@ -56,6 +60,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..errors import RecipeError
+from ._nll import supervised_nll
 from ._runbook import RunBook
 from .data import IGNORE, EncodedExample, collate
 from .diagnostics import UpdateNorms, grad_norms_many, summarize_layer_norms
@@ -67,9 +72,10 @@ from .state import rng_state
 __all__ = ["NotBatchable", "BatchedLoRALinear", "train_seeds", "not_batchable_reason"]
 
 _PEFT_PREFIX = "base_model.model."
-#: Pack each run's micro-batch into one row (no padding between examples, block-diagonal causal
-#: attention from restarting position ids) instead of right-padding every example to the longest
-#: of all runs' micro-batches. Checked per base (:func:`packing_isolates`); padded otherwise.
+#: Pack each run's micro-batch into rows no longer than its longest example (no padding between
+#: examples, block-diagonal causal attention from restarting position ids) instead of right-padding
+#: every example to the longest of all runs' micro-batches. Checked per base
+#: (:func:`packing_isolates`); padded otherwise.
 PACKED = True
 
 
@@ -202,31 +208,48 @@ class _Run:
 
 def _rows_nll(model, batch: Mapping[str, torch.Tensor], groups: Sequence[tuple[int, int]]) -> torch.Tensor:
     """Per-group sums of next-token NLL (nats) over supervised targets: a tensor ``[len(groups)]``."""
-    if "position_ids" in batch:  # packed rows: no attention mask; transformers masks per example
-        out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)
-    else:
-        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
-    logits = out.logits[:, :-1].float()
-    targets = batch["labels"][:, 1:]
-    tok = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE,
-                          reduction="none").view(targets.shape)
-    per_row = tok.sum(1)
+    tok, rows = supervised_nll(model, batch)
+    per_row = torch.zeros(batch["input_ids"].shape[0], dtype=tok.dtype, device=tok.device).index_add(0, rows, tok)
     return torch.stack([s.sum() for s in per_row.split([r for _, r in groups])])
 
 
 def pack(runs_examples: Sequence[Sequence[EncodedExample]], pad_id: int) -> dict[str, torch.Tensor]:
-    """One row per run: its micro-batch's examples concatenated without padding between them.
+    """One row per run: its micro-batch's examples concatenated (:func:`pack_rows` without a bound)."""
+    return pack_rows(runs_examples, pad_id)[0]
+
+
+def pack_rows(runs_examples: Sequence[Sequence[EncodedExample]], pad_id: int,
+              row_len: int | None = None) -> tuple[dict[str, torch.Tensor], list[int]]:
+    """Each run's micro-batch packed into rows without padding between examples, and the number of
+    rows of each run (its rows are consecutive, runs in order). ``row_len=None``: one row per run;
+    else rows of at most ``row_len`` tokens, filled first-fit in order of decreasing example length
+    (ties in micro-batch order; an example longer than ``row_len`` gets a row of its own), so that
+    attention, quadratic in the row length, is not spent across a whole micro-batch.
     ``position_ids`` restart at 0 at every example, and the model is called without an
     attention mask, so transformers builds a block-diagonal causal mask from them (an example
     attends to itself only; ``masking_utils.find_packed_sequence_indices``). Every example's
     first label is IGNORE, so no position predicts the next example's first token. Rows are
     right-padded to the longest (pad positions: label IGNORE, their own position run)."""
-    rows = []
+    rows, counts = [], []
     for exs in runs_examples:
-        ids = [t for e in exs for t in e.input_ids]
-        labels = [t for e in exs for t in e.labels]
-        pos = [i for e in exs for i in range(len(e.input_ids))]
-        rows.append((ids, labels, pos))
+        bins: list[list[EncodedExample]] = []
+        if row_len is None:
+            bins = [list(exs)]
+        else:
+            fill: list[int] = []
+            for e in sorted(exs, key=lambda e: -len(e.input_ids)):
+                n = len(e.input_ids)
+                j = next((j for j, f in enumerate(fill) if f + n <= row_len), None)
+                if j is None:
+                    bins.append([e])
+                    fill.append(n)
+                else:
+                    bins[j].append(e)
+                    fill[j] += n
+        for b in bins:
+            rows.append(([t for e in b for t in e.input_ids], [t for e in b for t in e.labels],
+                         [i for e in b for i in range(len(e.input_ids))]))
+        counts.append(len(bins))
     n = max(len(r[0]) for r in rows)
     out = {"input_ids": torch.full((len(rows), n), pad_id, dtype=torch.long),
            "labels": torch.full((len(rows), n), IGNORE, dtype=torch.long),
@@ -236,7 +259,7 @@ def pack(runs_examples: Sequence[Sequence[EncodedExample]], pad_id: int) -> dict
         out["input_ids"][i, :k] = torch.tensor(ids)
         out["labels"][i, :k] = torch.tensor(labels)
         out["position_ids"][i] = torch.tensor(pos + list(range(n - k)))
-    return out
+    return out, counts
 
 
 @torch.no_grad()
@@ -481,8 +504,11 @@ def _forward_backward(acc, model, rows_ctx: _Rows, now: Sequence[_Run], infos: S
     for j in range(max(len(m) for m in micro)):
         part = [(r, m[j]) for r, m in zip(now, micro) if j < len(m)]
         if packed:
-            groups = [(r.k, 1) for r, _ in part]
-            batch = {k: v.to(dev) for k, v in pack([[examples[i] for i in ids] for _, ids in part], pad_id).items()}
+            exs = [[examples[i] for i in ids] for _, ids in part]
+            # rows no longer than the longest example: attention is not spent across a whole micro-batch
+            batch, counts = pack_rows(exs, pad_id, max(len(e.input_ids) for ex in exs for e in ex))
+            groups = [(r.k, c) for (r, _), c in zip(part, counts)]
+            batch = {k: v.to(dev) for k, v in batch.items()}
         else:
             groups = [(r.k, len(ids)) for r, ids in part]
             batch = {k: v.to(dev) for k, v in collate([examples[i] for _, ids in part for i in ids],

@@ -42,12 +42,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..errors import RecipeError
+from ._nll import supervised_nll
 from ._runbook import RunBook
-from .data import IGNORE, EncodedExample, collate
+from .data import EncodedExample, collate
 from .diagnostics import UpdateNorms, grad_norms, summarize_layer_norms
 from .recipe import Recipe
 from .state import rng_state, set_rng_state
@@ -105,12 +105,9 @@ def lr_factor(step: int, total: int, warmup: int, schedule: str, min_ratio: floa
 
 
 def microbatch_nll(model, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """Sum (not mean) of next-token NLL in nats over the supervised targets of a micro-batch."""
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
-    logits = out.logits[:, :-1].float()
-    targets = batch["labels"][:, 1:]
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE,
-                           reduction="sum")
+    """Sum (not mean) of next-token NLL in nats over the supervised targets of a micro-batch
+    (:func:`probeselect.sft._nll.supervised_nll`: the output head runs on those positions only)."""
+    return supervised_nll(model, batch)[0].sum()
 
 
 @torch.no_grad()
