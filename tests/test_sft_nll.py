@@ -103,3 +103,20 @@ def test_forward_without_logits_to_keep_uses_the_full_logits(batches, ladder_che
         nll, _ = supervised_nll(old, batch)
     with torch.no_grad():
         torch.testing.assert_close(nll, reference_nll(inner, batch), rtol=1e-5, atol=1e-6)
+
+
+def test_the_check_draws_no_random_numbers_and_restores_training_mode(batches, tiny_ladder):
+    """The one-time check runs in eval mode: with LoRA dropout active, training draws the same random
+    numbers as without the check (a resumed run re-checks on its first step and must not shift them)."""
+    from probeselect.sft import loop as loop_mod
+
+    recipe = small_recipe(tiny_ladder, method={"type": "lora", "r": 4, "alpha": 8, "dropout": 0.3})
+    model = loop_mod._build_model(tiny_ladder / sorted(p.name for p in tiny_ladder.iterdir()
+                                                       if p.name.startswith("checkpoint-"))[-1],
+                                  recipe, 0, torch.device("cpu"))
+    model.train()
+    torch.manual_seed(7)
+    before = torch.get_rng_state()
+    assert head_is_plain(model, batches["padded"]) is True
+    assert torch.equal(torch.get_rng_state(), before)
+    assert model.training and all(m.training for m in model.modules())
