@@ -827,11 +827,14 @@ def _schedule(seeds, out: Path, st: dict, jobs: int, log, keep) -> None:
                     log(f"[seed {s}] row written (wall {time.perf_counter() - t_start:.0f} s)")
 
 
-#: CPU-seconds per task, single-threaded, measured on the project's 2-core machine in the last full
-#: run (2026-12-02, bench/VALIDITY.md): pipeline per seed (ladder build included); one truth SFT run
-#: at the confirmation budget (300 steps, 280 task items, no robustness/held-out); one pilot run at the
-#: pilot budget (150 steps, with robustness and held-out evaluation).
-COST_PIPELINE_S, COST_TRUTH_RUN_S, COST_PILOT_RUN_S = 590.0, 22.3, 11.5
+#: CPU-seconds per task, single-threaded, measured on the project's 2-core machine: pipeline per seed
+#: (ladder build included; the last full run, 2026-12-02, bench/VALIDITY.md - before batched seeds and
+#: the supervised-positions head, so now an over-estimate); one truth SFT run at the confirmation
+#: budget (300 steps, 280 task items, no robustness/held-out) and one pilot run at the pilot budget
+#: (150 steps, with robustness and held-out evaluation), both with the seeds of a base batched
+#: (2026-12-03, 65d6ab3, bench/README.md: 92.5 s for 2 checkpoints x 4 truth seeds; 59.7-60.8 s for
+#: the 9 runs of the demo pilot stage; they were 22.3 s and 11.5 s on 2026-12-02).
+COST_PIPELINE_S, COST_TRUTH_RUN_S, COST_PILOT_RUN_S = 590.0, 11.6, 6.7
 
 
 def budget_estimate(n_seeds: int, truth_seeds: int, jobs: int, *, n_checkpoints: int = 10, pilot_seeds: int = 3,
@@ -844,7 +847,7 @@ def budget_estimate(n_seeds: int, truth_seeds: int, jobs: int, *, n_checkpoints:
     total = sum(per.values()) * n_seeds
     return {"per_seed_cpu_s": {k: round(v) for k, v in per.items()}, "per_seed_total_cpu_s": round(sum(per.values())),
             "total_cpu_s": round(total), "wall_min_estimate": round(total / max(1, jobs) / 60, 1), "jobs": jobs,
-            "assumes": "costs measured 2026-12-02 on 2 cores (COST_* constants); the toy ladder's 10 checkpoints"}
+            "assumes": "costs measured 2026-12-02/03 on 2 cores (COST_* constants); the toy ladder's 10 checkpoints"}
 
 
 def validate(seeds: list[int], out: Path, *, config: Path = ROOT / "recipes" / "demo.yaml", truth_seeds: int = 4,
