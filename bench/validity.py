@@ -844,9 +844,10 @@ def budget_estimate(n_seeds: int, truth_seeds: int, jobs: int, *, n_checkpoints:
            "truth": (n_checkpoints + 2) * truth_seeds * COST_TRUTH_RUN_S,
            "probe_free": probe_free_bases * pilot_seeds * COST_PILOT_RUN_S,
            "ties": 2 * 2 * pilot_seeds * COST_PILOT_RUN_S}
-    total = sum(per.values()) * n_seeds
-    return {"per_seed_cpu_s": {k: round(v) for k, v in per.items()}, "per_seed_total_cpu_s": round(sum(per.values())),
-            "total_cpu_s": round(total), "wall_min_estimate": round(total / max(1, jobs) / 60, 1), "jobs": jobs,
+    per_seed = round(sum(per.values()))
+    total = per_seed * n_seeds  # from the rounded per-seed figure, so that the printed numbers multiply
+    return {"per_seed_cpu_s": {k: round(v) for k, v in per.items()}, "per_seed_total_cpu_s": per_seed,
+            "total_cpu_s": total, "wall_min_estimate": round(total / max(1, jobs) / 60, 1), "jobs": jobs,
             "assumes": "costs measured 2026-12-02/03 on 2 cores (COST_* constants); the toy ladder's 10 checkpoints"}
 
 
