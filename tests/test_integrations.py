@@ -181,7 +181,7 @@ def test_toy_ladder_build_scores_each_save_and_alerts_on_the_parrot_dip_while_bu
     """A 400-step planted toy ladder (the curriculum of tests/toy/test_dip.py's small_planted_run:
     parrot window 201-300) built with ``on_save`` = :func:`score_checkpoint_now`: every saved
     checkpoint is scored inside the build, right after it is saved, and the parrot window's
-    tmpl_mismatch dip is raised as an ``undone_gain`` alert naming the parrot window before the
+    tmpl_mismatch dip is raised as an ``undone_gain`` (or ``deeper_dip``) alert naming the parrot window before the
     build has finished (``data_lineage.json`` is written only at the end; the planned windows
     are passed as ``lineage``). About 2-4 minutes on 2 loaded CPU cores."""
     import dataclasses
@@ -223,7 +223,7 @@ def test_toy_ladder_build_scores_each_save_and_alerts_on_the_parrot_dip_while_bu
     assert [s["metrics"]["probes/checkpoint_step"] for s in seen] == [float(x) for x in steps]
     log = [json.loads(x) for x in (run / "watch" / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == steps and all(r["model_work"] for r in log)  # each scored once
-    parrot = [a for a in alerts() if a["kind"] == "undone_gain" and a["family"] == "tmpl_mismatch"
+    parrot = [a for a in alerts() if a["kind"] in ("undone_gain", "deeper_dip") and a["family"] == "tmpl_mismatch"
               and any(w["window"] == "parrot" and w["planted"] == "parrot" for w in a["windows"])]
     assert parrot, alerts()
     first = min(parrot, key=lambda a: a["step"])

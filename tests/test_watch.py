@@ -175,6 +175,27 @@ def test_alert_rule_is_the_dynamics_hop_rule(tmp_path):
     assert [x["kind"] for x in checkpoint_alerts(traj, stats, "checkpoint-40", bpb_tolerance=0.1)] == ["undone_gain"]
 
 
+def test_a_dip_that_goes_on_falling_is_alerted_again_as_deeper_dip(tmp_path):
+    """A small give-back that just crosses the threshold completes the hop at checkpoint-40 (in the
+    clean window); the much larger fall at checkpoint-50 extends the same leg, so the hop rule raises
+    nothing there; ``deeper_dip`` does, naming the parrot window where that fall happened. A further
+    move within the threshold (checkpoint-60) raises nothing."""
+    values = [0.0, 0.6, 1.2, 1.05, -0.5, -0.55]
+    run = _hand_run(tmp_path, values)
+    dyn = compute_dynamics(run, plots=False)
+    traj, stats = dyn.trajectories, dyn.stats
+    h = float(stats[stats["track"] == "fam/v"].iloc[0]["hop_threshold"])
+    assert 1.2 - 1.05 > h > 0.1  # the first give-back just crosses it
+    windows = [Window("clean", 0, 40), Window("parrot", 40, 50, planted="parrot"), Window("late", 50, 100)]
+    got = {c: [a for a in checkpoint_alerts(traj, stats, c, windows=windows) if a["track"] == "fam/v"]
+           for c in traj["checkpoint"].unique()}
+    assert [(c, a["kind"]) for c in got for a in got[c]] == [("checkpoint-40", "undone_gain"),
+                                                             ("checkpoint-50", "deeper_dip")]
+    deeper = got["checkpoint-50"][0]
+    assert [w["window"] for w in deeper["windows"]] == ["parrot"] and deeper["hops"] == 1
+    assert deeper["leg_change"] == pytest.approx(-0.5 - 1.2) and deeper["change"] == pytest.approx(-1.55)
+
+
 def test_no_alert_for_moves_within_noise_or_monotone_learning(tmp_path):
     values = list(np.linspace(-1, 2, 8) + np.array([0, 0.05, -0.05, 0.05, 0, -0.04, 0.03, 0]))
     run = _hand_run(tmp_path, values)

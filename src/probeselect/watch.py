@@ -52,6 +52,11 @@ in ``superseded/`` (other downstream files keep the score step's rule).
   to and including the new checkpoint exceeds ``hops`` of the values before it.
   ``undone_gain`` when the completing leg is a worsening (a gain given back), ``hop`` when
   it is a recovery from a dip;
+* ``deeper_dip`` - the worsening leg that completed an ``undone_gain`` goes on falling: the new
+  checkpoint extends it and is worse than the previous one by more than the threshold. Not a
+  new hop (``dynamics.csv`` counts the leg once), but news: without it, a small dip that just
+  crosses the threshold would hide a much larger fall at the next checkpoints. Its windows are
+  those between the previous checkpoint and this one (where the further fall happened);
 * ``bpb_worse`` - held-out bits per byte (``heldout_nll/bpb``) higher than at the previous
   checkpoint by more than ``bpb_tolerance`` (default 0: any increase; held-out NLL is
   deterministic, there is no seed noise to subtract).
@@ -212,11 +217,20 @@ def checkpoint_alerts(trajectories: pd.DataFrame, stats: pd.DataFrame, checkpoin
             now = hop_stats(values[: i + 1], threshold=h)
             n_before = len(before.legs) // 2
             n_now = len(now.legs) // 2
-            if n_now <= n_before:
-                continue
-            leg = now.legs[-1]
-            worse = leg.change * direction(first["metric"]) < 0
+            leg = now.legs[-1] if now.legs else None
             turning = [_num(steps[lg.end]) for lg in now.legs[:-1]]
+            if n_now <= n_before:
+                sign = direction(first["metric"])
+                if (leg is not None and len(now.legs) == len(before.legs) and len(now.legs) % 2 == 0
+                        and leg.end == i and leg.change * sign < 0 and (values[i] - values[i - 1]) * sign < -h):
+                    # the worsening leg of an alerted hop goes on falling, by more than the threshold here:
+                    # named with the data seen since the previous checkpoint (where this fall happened)
+                    out.append({**base, "kind": "deeper_dip", "threshold": h, "hops": n_now,
+                                "leg_change": float(leg.change), "leg_from_step": _num(steps[leg.start]),
+                                "turning_steps": turning, "windows": _windows_between(windows, steps[i - 1], steps[i]),
+                                "rule": "the worsening leg of an alerted hop falls further by more than hop_threshold"})
+                continue
+            worse = leg.change * direction(first["metric"]) < 0
             lo = steps[now.legs[-1].start]
             out.append({**base, "kind": "undone_gain" if worse else "hop", "threshold": h, "hops": n_now,
                         "leg_change": float(leg.change), "leg_from_step": _num(lo), "turning_steps": turning,
