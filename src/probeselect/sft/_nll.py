@@ -97,10 +97,7 @@ def head_is_plain(model, batch: Mapping[str, torch.Tensor]) -> bool:
     ok = why is None
     if not ok:
         warnings.warn(f"{type(lm).__name__}: {why}; SFT losses use the full logits (slower, same values).")
-    try:
-        setattr(lm, _FLAG, ok)
-    except AttributeError:  # pragma: no cover - a model that refuses attributes is checked every call
-        pass
+    setattr(lm, _FLAG, ok)
     return ok
 
 
