@@ -12,7 +12,11 @@ reference) and ``batch_seeds=true``, interleaved (false, true, false, true, ...)
 folders, so both see the same machine load; the 1-minute load average is printed before and
 after each run. Reported per run: stage wall time (training + transfer evaluation + outputs)
 and the training seconds summed from diagnostics.csv (batched steps are split evenly among
-their seeds, so the sum is the batched wall time of training). One torch thread, as a pilot.
+their seeds, so the sum is the batched wall time of training). One torch thread per process, as a
+pilot. Variants: ``single`` (batch_seeds=false), ``batched`` (seeds batched, padded rows: the path
+before bounded packing), ``packed`` (the default: seeds batched, packed rows), ``jobs2`` (the default
+with ``jobs=2``: two bases at once in two worker processes, which always run the default packed path;
+its train_s sums both processes' training time, so compare wall_s).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _stage(ladder: Path, recipe: str, bases: list[Path], steps: int, batch, out: Path) -> dict:
+def _stage(ladder: Path, recipe: str, bases: list[Path], steps: int, batch, out: Path, jobs: int = 1) -> dict:
     from probeselect.pilot import run_pilot
     from probeselect.sft import batched
 
@@ -41,9 +45,9 @@ def _stage(ladder: Path, recipe: str, bases: list[Path], steps: int, batch, out:
     shutil.rmtree(out, ignore_errors=True)
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
-    res = run_pilot(bases, REPO / "recipes" / recipe, out, progress=False, device="cpu", overrides=over)
+    res = run_pilot(bases, REPO / "recipes" / recipe, out, progress=False, device="cpu", overrides=over, jobs=jobs)
     wall = time.perf_counter() - t0
-    return {"recipe": recipe, "steps": steps, "batch_seeds": batch, "wall_s": round(wall, 1),
+    return {"recipe": recipe, "steps": steps, "batch_seeds": batch, "jobs": jobs, "wall_s": round(wall, 1),
             "train_s": round(float(res.diagnostics["seconds"].sum()), 1), "runs": len(res.diagnostics),
             "load_before": round(load0, 2), "load_after": round(os.getloadavg()[0], 2),
             "final_loss_mean": float(res.diagnostics["final_loss"].mean())}
@@ -57,7 +61,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("/tmp/bench-batched"))
     ap.add_argument("--stages", default="pilot,confirm")
-    ap.add_argument("--variants", default="single,batched", help="comma list of single, batched, packed")
+    ap.add_argument("--variants", default="single,batched",
+                    help="comma list of single, batched, packed, jobs2 (batched, two bases at once in 2 processes)")
     args = ap.parse_args(argv)
     from probeselect.checkpoints import discover_checkpoints
 
@@ -68,17 +73,18 @@ def main(argv=None) -> int:
                                      ("confirm.yaml", ckpts[-2:], args.confirm_steps)):
             if recipe.split(".")[0] not in args.stages.split(","):
                 continue
-            for batch in [{"single": False, "batched": True, "packed": "packed"}[v] for v in args.variants.split(",")]:
-                row = _stage(args.ladder, recipe, bases, steps, batch, args.out / f"r{r}-{recipe}-{batch}")
-                row["round"] = r
+            for v in args.variants.split(","):
+                batch = {"single": False, "batched": True, "packed": "packed", "jobs2": "packed"}[v]
+                row = _stage(args.ladder, recipe, bases, steps, batch, args.out / f"r{r}-{recipe}-{v}",
+                             jobs=2 if v == "jobs2" else 1)
+                row["round"], row["variant"] = r, v
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     for recipe in ("pilot.yaml", "confirm.yaml"):
         for key in ("wall_s", "train_s"):
-            a = [x[key] for x in rows if x["recipe"] == recipe and x["batch_seeds"] is False]
-            for v in ("batched", "packed"):
-                b = [x[key] for x in rows if x["recipe"] == recipe and x["batch_seeds"] == {"batched": True,
-                                                                                         "packed": "packed"}[v]]
+            a = [x[key] for x in rows if x["recipe"] == recipe and x["variant"] == "single"]
+            for v in ("batched", "packed", "jobs2"):
+                b = [x[key] for x in rows if x["recipe"] == recipe and x["variant"] == v]
                 if a and b:
                     print(f"{recipe} {key}: one seed at a time {a} | {v} {b} | speed-up per round "
                           f"{[round(x / y, 2) for x, y in zip(a, b)]}")

@@ -109,6 +109,9 @@ def _run_cfg(config: Path, out: Path, seed: int, tiny: bool, curriculum: str | N
 
     ov = [f"out={out}", f"ladder.toy.seed={seed}"] + ([f"ladder.toy.curriculum={curriculum}"] if curriculum else [])
     raw = load_yaml(config)
+    # the validation schedules its own worker processes (--jobs): a pipeline inside one trains its
+    # bases one at a time (pilot/confirm `jobs` changes no number, only how many processes run)
+    ov += [f"{k}.jobs=1" for k in ("pilot", "confirm") if raw.get(k)]
     if tiny:
         ov += TINY_RUN
         # a 24-step model passes no capability floor or termination constraint: the smoke plan drops them

@@ -105,6 +105,12 @@ def test_config_errors(tmp_path):
         load_run_config(p)
     with pytest.raises(RunConfigError, match="unknown key 'confrim'"):
         load_run_config(p, ["confrim.top=2"])
+    with pytest.raises(RunConfigError, match=r"unknown key pilot.'job'.*jobs"):
+        load_run_config(REPO / "recipes" / "demo.yaml", ["out=/tmp/x", "pilot.job=2"])
+    for bad in ("0", "two", "true"):
+        with pytest.raises(RunConfigError, match="confirm.jobs must be an integer >= 1"):
+            load_run_config(REPO / "recipes" / "demo.yaml", ["out=/tmp/x", f"confirm.jobs={bad}"])
+    assert load_run_config(REPO / "recipes" / "demo.yaml", ["out=/tmp/x", "pilot.jobs=3"])["pilot"]["jobs"] == 3
     cfg = load_run_config(REPO / "recipes" / "demo.yaml", ["out=/tmp/x"])
     assert cfg["_paths"]["ladder"] == "/tmp/x/ladder" and "{ladder}" not in json.dumps(cfg)
 

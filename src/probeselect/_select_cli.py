@@ -74,7 +74,7 @@ def _cmd_confirm(args: argparse.Namespace) -> int:
 
     check_device(args.device)
     res = confirm(args.run_dir, args.recipe, top=args.top, overrides=args.overrides,
-                  progress=not args.no_progress, device=args.device)
+                  progress=not args.no_progress, device=args.device, jobs=args.jobs)
     print(res.statement)
     print(f"Kendall tau (pilot vs confirmation): {_fmt(res.kendall_tau)}; reversals: {len(res.reversals)}")
     print(f"confirmation: {res.json_path}")
@@ -135,6 +135,9 @@ def add_parsers(sub) -> None:
     c.add_argument("--top", type=int, default=2, help="how many pilot bases to confirm (default 2)")
     c.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides (dotted keys)")
     c.add_argument("--device", default="auto", help=DEVICE_HELP)
+    c.add_argument("--jobs", default=None, metavar="N",
+                   help="CPU only: retrain N bases at once in worker processes (same numbers); default "
+                        "PROBESELECT_JOBS, else 1")
     c.add_argument("--no-progress", action="store_true", help="hide progress bars")
     c.set_defaults(func=_cmd_confirm)
 

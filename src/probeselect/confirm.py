@@ -94,11 +94,13 @@ def compare_rankings(pilot: dict[str, float], confirm: dict[str, float], directi
 
 
 def confirm(run_dir: str | Path, recipe: str | Path, *, top: int = 2, overrides: Sequence[str] = (),
-            out_dir: str | Path | None = None, progress: bool = True, device: str = "auto") -> ConfirmResult:
+            out_dir: str | Path | None = None, progress: bool = True, device: str = "auto",
+            jobs: int | None = None) -> ConfirmResult:
     """Retrain the top ``top`` pilot bases under ``recipe`` and check the pilot decision.
 
     Needs ``run_dir/selection.json`` (``probeselect select``). Writes ``run_dir/confirm/``
-    (pilot layout) and ``run_dir/confirm.json``; see the module docstring.
+    (pilot layout) and ``run_dir/confirm.json``; see the module docstring. ``jobs``: bases
+    retrained at once (CPU worker processes; see :func:`probeselect.pilot.resolve_jobs`).
     """
     run_dir = Path(run_dir)
     sel_path = run_dir / "selection.json"
@@ -117,7 +119,8 @@ def confirm(run_dir: str | Path, recipe: str | Path, *, top: int = 2, overrides:
         notes.append("one base confirmed: there is no ranking to compare, only whether it still passes the constraints.")
     out = Path(out_dir) if out_dir is not None else run_dir / "confirm"
     run_pilot = _load_pilot_fn()
-    run_pilot(base_paths(run_dir, chosen), recipe, out, progress=progress, device=device, overrides=list(overrides))
+    run_pilot(base_paths(run_dir, chosen), recipe, out, progress=progress, device=device, overrides=list(overrides),
+              **({"jobs": jobs} if jobs is not None else {}))
 
     tables = load_pilot_tables(out)
     ranking = rank_bases(tables, spec, bases=chosen)

@@ -272,16 +272,59 @@ def deterministic_torch(threads: int | None = None):
 
 def run_pilot(bases, recipe: Recipe | str | Path, out_dir: str | Path, *, progress: bool = True, merged: bool = False,
               device: str = "auto", ladder: str | Path | None = None, overrides: Sequence[str] = (),
-              on_step: Callable[[str, int, int, dict], None] | None = None, threads: int | None = None) -> PilotResult:
+              on_step: Callable[[str, int, int, dict], None] | None = None, threads: int | None = None,
+              jobs: int | None = None) -> PilotResult:
     """Train every base under every seed of ``recipe`` on matched data, evaluate transfer, write ``out_dir``.
 
     ``bases``: checkpoint folders, a shortlist.csv or a score run folder (see :func:`resolve_bases`).
     ``on_step(base_name, seed, step, row)`` is called after every optimizer step. Runs under
     :func:`deterministic_torch` (``threads`` CPU threads), so a rerun gives identical numbers.
+    ``jobs`` (else ``PROBESELECT_JOBS``, else 1): bases trained at once in that many CPU worker
+    processes, each with the same ``threads`` (see :func:`resolve_jobs`); it changes the wall time,
+    not a number.
     """
-    with deterministic_torch(threads):
+    jobs = resolve_jobs(jobs, device=device, on_step=on_step)
+    with deterministic_torch(threads) as n_threads:
         return _run_pilot(bases, recipe, out_dir, progress=progress, merged=merged, device=device, ladder=ladder,
-                          overrides=overrides, on_step=on_step)
+                          overrides=overrides, on_step=on_step, jobs=jobs, threads=n_threads)
+
+
+def resolve_jobs(jobs: int | str | None, *, device: str = "auto", on_step=None) -> int:
+    """The number of bases a pilot trains at once: ``jobs``, else ``PROBESELECT_JOBS``, else 1.
+
+    ``jobs > 1`` starts that many worker processes (``spawn``), each training whole bases (every
+    seed of a base stays in one process, batched as usual) with the pilot's fixed thread count and
+    deterministic kernels, so the numbers are the same as with ``jobs = 1``. It is for CPU: a
+    machine with C cores runs a pilot about min(C, jobs, bases) times faster than one process of
+    one thread. It cannot be combined with a GPU (one process per GPU under ``accelerate launch``
+    is the way there), with DDP, or with an ``on_step`` callback (which lives in this process).
+    """
+    src = "jobs"
+    if jobs is None:
+        jobs, src = os.environ.get("PROBESELECT_JOBS", "1"), "PROBESELECT_JOBS"
+    n = None
+    if isinstance(jobs, int) and not isinstance(jobs, bool):
+        n = jobs
+    elif isinstance(jobs, str) and jobs.strip().isdigit():
+        n = int(jobs.strip())
+    if n is None or n < 1:
+        raise UsageError(f"{src}={jobs!r}: the number of bases to train at once must be an integer >= 1 "
+                         "(e.g. 2 on a 2-core machine).")
+    if n == 1:
+        return 1
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise UsageError(f"{src}={n} cannot be combined with DDP (WORLD_SIZE={os.environ['WORLD_SIZE']}): run the "
+                         "pilot with jobs=1 under `accelerate launch`/`torchrun`, or without them with jobs > 1.")
+    if on_step is not None:
+        raise UsageError(f"{src}={n}: an on_step callback runs in this process and cannot follow bases trained in "
+                         "worker processes; use jobs=1 with on_step.")
+    from .score import resolve_device
+
+    dev = resolve_device(device)
+    if dev.type != "cpu":
+        raise UsageError(f"{src}={n} trains bases in parallel CPU processes, but the device is {dev}: with a GPU "
+                         "use jobs=1 (one process per GPU: `accelerate launch`), or --device cpu.")
+    return n
 
 
 _NO_SPACE = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
@@ -341,7 +384,8 @@ def _now_utc() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def _run_pilot(bases, recipe, out_dir, *, progress, merged, device, ladder, overrides, on_step) -> PilotResult:
+def _run_pilot(bases, recipe, out_dir, *, progress, merged, device, ladder, overrides, on_step, jobs=1,
+               threads=1) -> PilotResult:
     from .score import load_tokenizer
 
     if not isinstance(recipe, Recipe):
@@ -377,7 +421,8 @@ def _run_pilot(bases, recipe, out_dir, *, progress, merged, device, ladder, over
     with _pilot_writer(out, is_main, started):
         return _pilot_body(out, bases, recipe, ckpts, examples, by_id, heldout, leakage, transfer_cfg, t_hash,
                            tokenizer, tok_hash, d_hash, pad_id, is_main, started, merged=merged, device=device,
-                           progress=progress, on_step=on_step, vocab_warning=vocab_warning)
+                           progress=progress, on_step=on_step, vocab_warning=vocab_warning, jobs=jobs,
+                           threads=threads)
 
 
 def _trained_anything(out: Path) -> bool:
@@ -391,7 +436,7 @@ def _trained_anything(out: Path) -> bool:
 
 def _pilot_body(out, bases, recipe, ckpts, examples, by_id, heldout, leakage, transfer_cfg, t_hash, tokenizer,
                 tok_hash, d_hash, pad_id, is_main, started, *, merged, device, progress, on_step,
-                vocab_warning) -> PilotResult:
+                vocab_warning, jobs=1, threads=1) -> PilotResult:
     from .transfer import summarize_transfer
 
     manifests = _data_manifests(out, recipe, examples, tok_hash, d_hash, is_main)
@@ -408,8 +453,13 @@ def _pilot_body(out, bases, recipe, ckpts, examples, by_id, heldout, leakage, tr
                    heldout=heldout, merged=merged, device=device, progress=progress, on_step=on_step, is_main=is_main)
     if recipe.batch_seeds_effective:  # batch_seeds: false / full fine-tuning: manifest.json as before
         manifest["batch_seeds"] = pairs.batching
-    for ckpt in ckpts:
-        pairs.run_base(ckpt)
+    if jobs > 1 and len(ckpts) > 1:
+        manifest["jobs"] = min(jobs, len(ckpts))
+        _run_bases_in_workers(pairs, ckpts, min(jobs, len(ckpts)), threads,
+                              evaluate_base=is_main and transfer_cfg is not None)
+    else:
+        for ckpt in ckpts:
+            pairs.run_base(ckpt)
     pairs.outer.close()
 
     if is_main and transfer_cfg is not None:
@@ -587,6 +637,117 @@ class _Pairs:
                     "transfer": {r.metric: r.value for r in summ.itertuples()}}
             atomic_write_json(run_dir / "done.json", done)
         (self.trained if res.steps_trained else self.reevaluated).append((ckpt.name, seed))
+
+
+# ---------------------------------------------------------------------------
+# jobs > 1: whole bases in worker processes
+# ---------------------------------------------------------------------------
+
+_WORKER: dict[str, Any] = {}
+
+
+def _worker_init(blob: dict[str, Any]) -> None:
+    """A pilot worker process: the parent's thread count and deterministic kernels, no progress
+    bars, and (Linux) a SIGTERM when the parent dies, so that no orphan goes on writing."""
+    import signal
+    import sys
+
+    import torch
+
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            import ctypes
+
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    torch.set_num_threads(max(1, int(blob["threads"])))
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    kw = dict(blob["pairs"])
+    fmt = prompt_formatter(kw["tokenizer"], kw["recipe"].chat_template)
+    _WORKER["pairs"] = _Pairs(fmt=fmt, progress=False, on_step=None, is_main=True, **kw)
+    _WORKER["blob"] = blob
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """``exc`` if it survives pickling back to the parent, else a RuntimeError carrying its text."""
+    import pickle
+    import traceback
+
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}\n(in a pilot worker process)\n"
+                            + "".join(traceback.format_exception(exc)))
+
+
+def _worker_base(ckpt) -> dict[str, Any]:
+    """Train and finish every unfinished seed of ``ckpt`` (as :meth:`_Pairs.run_base`), then its
+    pre-SFT transfer; what happened comes back as lists, an error as ``error``."""
+    pairs, blob = _WORKER["pairs"], _WORKER["blob"]
+    pairs.trained, pairs.reused, pairs.reevaluated = [], [], []
+    pairs.batching = {"bases": {}}
+    error = None
+    try:
+        pairs.run_base(ckpt)
+        if blob["evaluate_base"]:
+            _evaluate_bases([ckpt], pairs.tokenizer, pairs.recipe, pairs.out, pairs.t_hash, pairs.fmt, pairs.device)
+    except BaseException as exc:  # noqa: BLE001 - handed to the parent, which raises it
+        error = _portable(exc)
+    finally:
+        gc.collect()
+    return {"trained": pairs.trained, "reused": pairs.reused, "reevaluated": pairs.reevaluated,
+            "batching": pairs.batching["bases"], "error": error}
+
+
+def _run_bases_in_workers(pairs: "_Pairs", ckpts, jobs: int, threads: int, *, evaluate_base: bool) -> None:
+    """Every base of the pilot in ``jobs`` spawned worker processes (one base at a time each). Each
+    worker runs exactly what :meth:`_Pairs.run_base` runs in this process, with the same thread
+    count, so the outputs do not depend on ``jobs``. Every base is attempted; the first error (in
+    base order) is raised after all have finished. An interrupt stops the workers (saved states
+    are kept; re-running resumes)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
+
+    blob = {"threads": threads, "evaluate_base": evaluate_base,
+            "pairs": {"out": pairs.out, "recipe": pairs.recipe, "ckpts": ckpts, "manifests": pairs.manifests,
+                      "m_hashes": pairs.m_hashes, "t_hash": pairs.t_hash, "tokenizer": pairs.tokenizer,
+                      "by_id": pairs.by_id, "pad_id": pairs.pad_id, "heldout": pairs.heldout,
+                      "merged": pairs.merged, "device": pairs.device}}
+    n_seeds = len(pairs.recipe.seeds)
+    results: dict[str, dict[str, Any]] = {}
+    ex = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_worker_init, initargs=(blob,))
+    try:
+        futures = {ex.submit(_worker_base, c): c for c in ckpts}
+        for fut in as_completed(futures):
+            c = futures[fut]
+            try:
+                results[c.name] = fut.result()
+            except BrokenProcessPool:
+                raise UsageError(f"{pairs.out}: a pilot worker process died while training {c.name} (killed, e.g. "
+                                 "out of memory?). Saved states are kept: re-run the same command to resume, with "
+                                 "fewer jobs (jobs=1 trains one base at a time).") from None
+            pairs.outer.set_postfix_str(c.name)
+            pairs.outer.update(n_seeds)
+    except BaseException:
+        for proc in list((getattr(ex, "_processes", None) or {}).values()):
+            with contextlib.suppress(Exception):
+                proc.terminate()
+        ex.shutdown(wait=True, cancel_futures=True)
+        raise
+    ex.shutdown(wait=True)
+    first_error = None
+    for c in ckpts:  # in base order, as the one-process loop would have recorded them
+        r = results[c.name]
+        pairs.trained += [tuple(x) for x in r["trained"]]
+        pairs.reused += [tuple(x) for x in r["reused"]]
+        pairs.reevaluated += [tuple(x) for x in r["reevaluated"]]
+        pairs.batching["bases"].update(r["batching"])
+        if r["error"] is not None and first_error is None:
+            first_error = r["error"]
+    if first_error is not None:
+        raise first_error
 
 
 def _invalid_transfer(transfer: pd.DataFrame) -> list[dict[str, Any]]:

@@ -202,6 +202,14 @@ def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str
             raise RunConfigError(f"{src}: `{k}:` must be a mapping with `recipe:` (and optional overrides{', top' if k == 'confirm' else ''}).")
         if not isinstance(v.get("overrides", []) or [], list):
             raise RunConfigError(f"{src}: {k}.overrides must be a list of key=value strings.")
+        known = ("recipe", "overrides", "jobs") + (("top",) if k == "confirm" else ())
+        for key in v:
+            if key not in known:
+                raise RunConfigError(f"{src}: unknown key {k}.{key!r}; `{k}:` takes {', '.join(known)}.")
+        j = v.get("jobs")
+        if j is not None and (isinstance(j, bool) or not isinstance(j, int) or j < 1):
+            raise RunConfigError(f"{src}: {k}.jobs must be an integer >= 1 (bases trained at once in CPU worker "
+                                 f"processes; the numbers do not depend on it); got {j!r}.")
     run_dir = out / "score"
     subs = {"out": str(out), "ladder": str(ladder_dir), "run": str(run_dir)}
     cfg = _substitute(cfg, subs)
@@ -448,8 +456,10 @@ class _Pipeline:
         from .confirm import _load_pilot_fn
 
         run = self.run
+        jobs = self.pilot_cfg.get("jobs")
         _load_pilot_fn()(run / "shortlist.csv", self.pilot_cfg["recipe"], run / "pilot", progress=self.progress,
-                         device=self.device, overrides=list(self.pilot_cfg.get("overrides") or []))
+                         device=self.device, overrides=list(self.pilot_cfg.get("overrides") or []),
+                         **({"jobs": jobs} if jobs is not None else {}))
         return f"{run / 'pilot'}"
 
     def do_select(self) -> str:
@@ -463,7 +473,8 @@ class _Pipeline:
 
         conf_cfg = self.conf_cfg
         res = confirm(self.run, conf_cfg["recipe"], top=int(conf_cfg.get("top", 2)),
-                      overrides=conf_cfg.get("overrides") or [], progress=self.progress, device=self.device)
+                      overrides=conf_cfg.get("overrides") or [], progress=self.progress, device=self.device,
+                      jobs=conf_cfg.get("jobs"))
         return res.statement
 
     def do_report(self) -> str:
@@ -507,7 +518,8 @@ class _Pipeline:
             _Stage("select", lambda: {"inputs": _hash_files(files("plan.lock.json", "shortlist.csv") + pilot_out),
                                       "plan": _hash_files([plan]), "select": self.sel_cfg},
                    lambda: files("selection.json", "selection.csv"), self.do_select),
-            _Stage("confirm", lambda: {"selection": _hash_files(files("selection.json")), "confirm": conf_cfg,
+            _Stage("confirm", lambda: {"selection": _hash_files(files("selection.json")),
+                                       "confirm": conf_cfg and {k: v for k, v in conf_cfg.items() if k != "jobs"},
                                        "recipe": _hash_files([Path(conf_cfg["recipe"])]) if conf_cfg else None},
                    lambda: files("confirm.json"), self.do_confirm, enabled=conf_cfg is not None),
             _Stage("report", lambda: _hash_files(files("selection.json", "selection.csv", "confirm.json",

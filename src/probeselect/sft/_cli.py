@@ -23,7 +23,7 @@ def _cmd_pilot(args: argparse.Namespace) -> int:
     check_device(args.device)
     t0 = time.perf_counter()
     res = run_pilot(bases, args.recipe, args.out, progress=not args.no_progress, merged=args.merged,
-                    device=args.device, ladder=args.ladder, overrides=overrides)
+                    device=args.device, ladder=args.ladder, overrides=overrides, jobs=args.jobs)
     if int(os.environ.get("RANK", "0")) != 0:
         return 0
     n = len(res.trained) + len(res.reused) + len(res.reevaluated)
@@ -58,6 +58,9 @@ def add_parsers(sub) -> None:
                    help="folder holding the shortlisted checkpoints (default: from the score manifest beside the csv)")
     p.add_argument("--merged", action="store_true", help="also save a merged copy of each LoRA model (merged/)")
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
+    p.add_argument("--jobs", default=None, metavar="N",
+                   help="CPU only: train N bases at once in N worker processes (each with the pilot's fixed thread "
+                        "count; the numbers do not change). Default: PROBESELECT_JOBS, else 1. E.g. 2 on 2 cores.")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                    help="recipe overrides with dotted keys and YAML values, e.g. optimizer.lr=1e-3 seeds=[0,1,2]")

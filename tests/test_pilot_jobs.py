@@ -1,0 +1,129 @@
+"""run_pilot(jobs=N): bases trained at once in CPU worker processes, with the same numbers as one process."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pandas as pd
+import pytest
+
+from _sft_helpers import small_recipe
+from probeselect.cli import main
+from probeselect.errors import UsageError
+from probeselect.pilot import resolve_jobs, run_pilot
+
+TIMING = ["seconds", "tokens_per_s"]
+
+
+def _log(path):
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return [{k: v for k, v in r.items() if "time" not in k and "second" not in k and "per_s" not in k} for r in rows]
+
+
+@pytest.fixture(scope="module")
+def two_pilots(tiny_ladder, ladder_checkpoints, tmp_path_factory):
+    root = tmp_path_factory.mktemp("pilot_jobs")
+    recipe = small_recipe(tiny_ladder, budget={"optimizer_steps": 4}, seeds=[0, 1])
+    bases = [ladder_checkpoints[-2], ladder_checkpoints[-1]]
+    res = {j: run_pilot(bases, recipe, root / f"jobs{j}", progress=False, device="cpu", jobs=j) for j in (1, 2)}
+    return res, recipe, bases, root
+
+
+def test_two_jobs_give_the_numbers_of_one(two_pilots):
+    """Every output that carries a number is byte-identical (timings aside): transfer before and after SFT,
+    diagnostics, per-step logs, adapters; both bases were trained (batched seeds) and recorded in base order."""
+    res, recipe, bases, root = two_pilots
+    one, two = res[1], res[2]
+    names = [b.name for b in bases]
+    assert one.trained == two.trained == [(n, s) for n in names for s in (0, 1)]
+    a, b = root / "jobs1", root / "jobs2"
+    for f in ("transfer.csv", "transfer_base.csv"):
+        assert (a / f).read_bytes() == (b / f).read_bytes(), f
+    pd.testing.assert_frame_equal(one.transfer_items, two.transfer_items)
+    da, db = (pd.read_csv(x / "diagnostics.csv").drop(columns=TIMING) for x in (a, b))
+    pd.testing.assert_frame_equal(da, db)
+    for n in names:
+        for s in (0, 1):
+            run_a, run_b = a / n / f"seed{s}", b / n / f"seed{s}"
+            assert (run_a / "adapter" / "adapter_model.safetensors").read_bytes() == \
+                (run_b / "adapter" / "adapter_model.safetensors").read_bytes()
+            assert _log(run_a / "train_log.jsonl") == _log(run_b / "train_log.jsonl")
+    ma, mb = (json.loads((x / "manifest.json").read_text()) for x in (a, b))
+    assert "jobs" not in ma and mb["jobs"] == 2 and ma["batch_seeds"] == mb["batch_seeds"]
+    assert all(v["batched"] for v in mb["batch_seeds"]["bases"].values())
+    assert mb["status"] == "complete"
+
+
+def test_a_rerun_with_jobs_reuses_finished_pairs(two_pilots, tmp_path):
+    res, recipe, bases, root = two_pilots
+    copy = tmp_path / "again"
+    shutil.copytree(root / "jobs1", copy)
+    again = run_pilot(bases, recipe, copy, progress=False, device="cpu", jobs=2)
+    assert again.trained == [] and again.reused == [(b.name, s) for b in bases for s in (0, 1)]
+    assert (copy / "transfer.csv").read_bytes() == (root / "jobs1" / "transfer.csv").read_bytes()
+
+
+def test_a_failing_base_is_raised_after_the_others_finish(two_pilots, tmp_path, ladder_checkpoints):
+    """The worker of a base whose weights vanished after the pre-flight returns the error; the other base is
+    trained and finished, and the pilot raises the failing base's error (not a pickling or pool error)."""
+    from probeselect import pilot as pilot_mod
+
+    res, recipe, bases, root = two_pilots
+    bad = tmp_path / "gone" / ladder_checkpoints[-1].name
+    shutil.copytree(ladder_checkpoints[-1], bad)
+    orig = pilot_mod._run_bases_in_workers
+
+    def remove_then_run(pairs, ckpts, jobs, threads, *, evaluate_base):
+        for f in bad.glob("*.safetensors"):
+            f.unlink()
+        return orig(pairs, ckpts, jobs, threads, evaluate_base=evaluate_base)
+
+    pilot_mod._run_bases_in_workers = remove_then_run
+    try:
+        with pytest.raises(Exception) as info:
+            run_pilot([ladder_checkpoints[-2], bad], recipe, tmp_path / "out", progress=False, device="cpu", jobs=2)
+    finally:
+        pilot_mod._run_bases_in_workers = orig
+    assert bad.name in str(info.value) or "safetensors" in str(info.value) or "weights" in str(info.value).lower()
+    good = tmp_path / "out" / ladder_checkpoints[-2].name
+    assert all((good / f"seed{s}" / "done.json").is_file() for s in (0, 1))
+    man = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert man["status"] == "failed"
+
+
+@pytest.mark.parametrize("jobs, env, device, match", [
+    (0, {}, "cpu", "integer >= 1"),
+    ("two", {}, "cpu", "integer >= 1"),
+    (True, {}, "cpu", "integer >= 1"),
+    (None, {"PROBESELECT_JOBS": "-1"}, "cpu", "PROBESELECT_JOBS"),
+    (2, {"WORLD_SIZE": "2"}, "cpu", "DDP"),
+    (2, {}, "cuda", "GPU"),
+])
+def test_bad_jobs_are_refused_with_the_fix(jobs, env, device, match, monkeypatch):
+    import torch
+
+    from probeselect import score
+
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(score, "resolve_device", lambda d: torch.device(d))  # as on a machine with CUDA
+    with pytest.raises(UsageError, match=match):
+        resolve_jobs(jobs, device=device)
+
+
+def test_jobs_defaults_and_on_step(monkeypatch):
+    monkeypatch.delenv("PROBESELECT_JOBS", raising=False)
+    assert resolve_jobs(None) == 1 and resolve_jobs("3", device="cpu") == 3
+    monkeypatch.setenv("PROBESELECT_JOBS", "2")
+    assert resolve_jobs(None, device="cpu") == 2
+    assert resolve_jobs(1, on_step=print) == 1
+    with pytest.raises(UsageError, match="on_step"):
+        resolve_jobs(2, device="cpu", on_step=print)
+
+
+def test_cli_refuses_bad_jobs_before_writing(ladder_checkpoints, tiny_ladder, tmp_path, capsys):
+    out = tmp_path / "p"
+    rc = main(["pilot", "--bases", str(ladder_checkpoints[-1]), "--recipe", "recipes/pilot.yaml", "--out", str(out),
+               "--jobs", "0", "--device", "cpu"])
+    assert rc == 2 and "integer >= 1" in capsys.readouterr().err and not out.exists()
