@@ -8,6 +8,9 @@ BIN := $(VENV)/bin
 # .../whl/cu128 (CUDA 12.8), and TORCH_SPEC=torch (any version >= 2.2).
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX_URL ?=
+# Pinned versions of the packages that decide the toy ladder's numbers (see constraints.txt);
+# `make install CONSTRAINTS=` installs without them.
+CONSTRAINTS ?= constraints.txt
 DEMO_DIR ?= results/demo
 DEMO_LATE_DIR ?= results/demo-late
 PYTEST_ARGS ?=
@@ -16,11 +19,11 @@ PYTEST_ARGS ?=
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml Makefile
+$(VENV)/.installed: pyproject.toml Makefile $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL)) "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e ".[test]"
 	touch $@
 
 PROBES := probes/arith_pattern.yaml probes/tmpl_repeated.yaml probes/tmpl_mismatch.yaml \
