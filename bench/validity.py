@@ -150,7 +150,7 @@ def _pilot(bases, recipe: str, out: Path, overrides: list[str], seeds: list[int]
     from probeselect.pilot import run_pilot
 
     ov = list(overrides) + list(extra) + ([f"seeds={json.dumps(seeds)}"] if seeds is not None else [])
-    run_pilot(bases, recipe, out, progress=False, device=device, overrides=ov)
+    run_pilot(bases, recipe, out, progress=False, device=device, overrides=ov, jobs=1)  # workers are ours
 
 
 # ---------------------------------------------------------------------------

@@ -23,10 +23,30 @@ def _log(path):
 
 @pytest.fixture(scope="module")
 def two_pilots(tiny_ladder, ladder_checkpoints, tmp_path_factory):
+    """The same 3-base pilot with jobs=1 and jobs=2 (so one worker trains two bases in turn). In the
+    jobs=2 run this process never trains a base (run_base here raises), and the workers have already
+    evaluated every base before SFT when this process's own pass over the bases comes."""
+    from probeselect import pilot as pilot_mod
+
     root = tmp_path_factory.mktemp("pilot_jobs")
     recipe = small_recipe(tiny_ladder, budget={"optimizer_steps": 4}, seeds=[0, 1])
-    bases = [ladder_checkpoints[-2], ladder_checkpoints[-1]]
-    res = {j: run_pilot(bases, recipe, root / f"jobs{j}", progress=False, device="cpu", jobs=j) for j in (1, 2)}
+    bases = ladder_checkpoints[-3:]
+    res = {1: run_pilot(bases, recipe, root / "jobs1", progress=False, device="cpu", jobs=1)}
+    orig_eval = pilot_mod._evaluate_bases
+    seen = []
+
+    def evaluated_by_workers(ckpts, *a, **k):
+        seen.append([(root / "jobs2" / c.name / "base" / "done.json").is_file() for c in ckpts])
+        return orig_eval(ckpts, *a, **k)
+
+    def no_training_here(self, ckpt):
+        raise AssertionError(f"{ckpt.name} trained in the parent process with jobs=2")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pilot_mod, "_evaluate_bases", evaluated_by_workers)
+        mp.setattr(pilot_mod._Pairs, "run_base", no_training_here)
+        res[2] = run_pilot(bases, recipe, root / "jobs2", progress=False, device="cpu", jobs=2)
+    assert seen == [[True, True, True]]
     return res, recipe, bases, root
 
 
@@ -36,7 +56,7 @@ def test_two_jobs_give_the_numbers_of_one(two_pilots):
     res, recipe, bases, root = two_pilots
     one, two = res[1], res[2]
     names = [b.name for b in bases]
-    assert one.trained == two.trained == [(n, s) for n in names for s in (0, 1)]
+    assert len(names) == 3 and one.trained == two.trained == [(n, s) for n in names for s in (0, 1)]
     a, b = root / "jobs1", root / "jobs2"
     for f in ("transfer.csv", "transfer_base.csv"):
         assert (a / f).read_bytes() == (b / f).read_bytes(), f
@@ -65,9 +85,11 @@ def test_a_rerun_with_jobs_reuses_finished_pairs(two_pilots, tmp_path):
 
 
 def test_a_failing_base_is_raised_after_the_others_finish(two_pilots, tmp_path, ladder_checkpoints):
-    """The worker of a base whose weights vanished after the pre-flight returns the error; the other base is
-    trained and finished, and the pilot raises the failing base's error (not a pickling or pool error)."""
+    """The worker of a base whose weights vanished after the pre-flight returns the error; the other base
+    (after it in base order, so a serial loop would never have reached it) is trained and finished, and the
+    pilot raises the failing base's own error with the worker's traceback as its cause."""
     from probeselect import pilot as pilot_mod
+    from probeselect.errors import ProbeselectError
 
     res, recipe, bases, root = two_pilots
     bad = tmp_path / "gone" / ladder_checkpoints[-1].name
@@ -82,10 +104,14 @@ def test_a_failing_base_is_raised_after_the_others_finish(two_pilots, tmp_path, 
     pilot_mod._run_bases_in_workers = remove_then_run
     try:
         with pytest.raises(Exception) as info:
-            run_pilot([ladder_checkpoints[-2], bad], recipe, tmp_path / "out", progress=False, device="cpu", jobs=2)
+            run_pilot([bad, ladder_checkpoints[-2]], recipe, tmp_path / "out", progress=False, device="cpu", jobs=2)
     finally:
         pilot_mod._run_bases_in_workers = orig
-    assert bad.name in str(info.value) or "safetensors" in str(info.value) or "weights" in str(info.value).lower()
+    msg = str(info.value)
+    assert isinstance(info.value, ProbeselectError) and str(bad) in msg, msg
+    assert "stopped without a result" not in msg
+    cause = info.value.__cause__
+    assert isinstance(cause, pilot_mod.WorkerTraceback) and "Traceback (most recent call last)" in cause.tb
     good = tmp_path / "out" / ladder_checkpoints[-2].name
     assert all((good / f"seed{s}" / "done.json").is_file() for s in (0, 1))
     man = json.loads((tmp_path / "out" / "manifest.json").read_text())
@@ -97,6 +123,7 @@ def test_a_failing_base_is_raised_after_the_others_finish(two_pilots, tmp_path, 
     ("two", {}, "cpu", "integer >= 1"),
     (True, {}, "cpu", "integer >= 1"),
     (None, {"PROBESELECT_JOBS": "-1"}, "cpu", "PROBESELECT_JOBS"),
+    ("\u00b2", {}, "cpu", "integer >= 1"),
     (2, {"WORLD_SIZE": "2"}, "cpu", "DDP"),
     (2, {}, "cuda", "GPU"),
 ])
@@ -117,6 +144,8 @@ def test_jobs_defaults_and_on_step(monkeypatch):
     assert resolve_jobs(None) == 1 and resolve_jobs("3", device="cpu") == 3
     monkeypatch.setenv("PROBESELECT_JOBS", "2")
     assert resolve_jobs(None, device="cpu") == 2
+    monkeypatch.setenv("PROBESELECT_JOBS", " ")  # empty = unset
+    assert resolve_jobs(None) == 1
     assert resolve_jobs(1, on_step=print) == 1
     with pytest.raises(UsageError, match="on_step"):
         resolve_jobs(2, device="cpu", on_step=print)

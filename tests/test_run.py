@@ -248,3 +248,23 @@ def test_run_binds_toy_world_families_to_the_ladder_seed():
     assert [s.params.get("world_seed") for s in specs] == [3, None, 3]
     assert all(s.n_items == 4 for s in specs)
     assert [s.params.get("world_seed") for s in _load_specs(sc)] == [0, None, 0]  # not a toy ladder: as written
+
+
+def test_config_jobs_do_not_apply_on_a_gpu(monkeypatch):
+    """pilot.jobs / confirm.jobs are CPU worker processes: with a GPU device the stage trains one base at a
+    time and says so in the run log (the numbers do not depend on it); on CPU the value passes through."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from probeselect import score
+    from probeselect.run import _Pipeline
+
+    logs = []
+    monkeypatch.setattr(score, "resolve_device", lambda d: torch.device("cuda" if d != "cpu" else "cpu"))
+    gpu = SimpleNamespace(device="cuda", log=logs.append)
+    assert _Pipeline._jobs(gpu, "pilot", {"jobs": 2}) == 1
+    assert logs and "pilot.jobs: 2 is for CPU runs" in logs[0]
+    cpu = SimpleNamespace(device="cpu", log=logs.append)
+    assert _Pipeline._jobs(cpu, "confirm", {"jobs": 2}) == 2 and _Pipeline._jobs(cpu, "pilot", {}) is None
+    assert len(logs) == 1

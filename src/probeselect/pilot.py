@@ -301,11 +301,11 @@ def resolve_jobs(jobs: int | str | None, *, device: str = "auto", on_step=None) 
     """
     src = "jobs"
     if jobs is None:
-        jobs, src = os.environ.get("PROBESELECT_JOBS", "1"), "PROBESELECT_JOBS"
+        jobs, src = (os.environ.get("PROBESELECT_JOBS") or "").strip() or "1", "PROBESELECT_JOBS"
     n = None
     if isinstance(jobs, int) and not isinstance(jobs, bool):
         n = jobs
-    elif isinstance(jobs, str) and jobs.strip().isdigit():
+    elif isinstance(jobs, str) and jobs.strip().isascii() and jobs.strip().isdecimal():
         n = int(jobs.strip())
     if n is None or n < 1:
         raise UsageError(f"{src}={jobs!r}: the number of bases to train at once must be an integer >= 1 "
@@ -646,43 +646,68 @@ class _Pairs:
 _WORKER: dict[str, Any] = {}
 
 
+class WorkerTraceback(Exception):
+    """The traceback of an error raised in a pilot worker process (set as the ``__cause__`` of the
+    error the parent raises, as ``concurrent.futures`` does), so a bug keeps its real traceback."""
+
+    def __init__(self, tb: str):
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return f"\n\"\"\"\n{self.tb}\"\"\""
+
+
 def _worker_init(blob: dict[str, Any]) -> None:
     """A pilot worker process: the parent's thread count and deterministic kernels, no progress
-    bars, and (Linux) a SIGTERM when the parent dies, so that no orphan goes on writing."""
+    bars; Ctrl-C is left to the parent (which stops the workers), and on Linux the worker gets
+    SIGTERM when the parent dies, so that no orphan goes on writing. A failure here is kept and
+    returned by every task of this worker (a pool would only say that the worker broke)."""
     import signal
     import sys
 
-    import torch
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if sys.platform.startswith("linux"):
+            with contextlib.suppress(Exception):
+                import ctypes
 
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(Exception):
-            import ctypes
+                ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        import torch
 
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    torch.set_num_threads(max(1, int(blob["threads"])))
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    kw = dict(blob["pairs"])
-    fmt = prompt_formatter(kw["tokenizer"], kw["recipe"].chat_template)
-    _WORKER["pairs"] = _Pairs(fmt=fmt, progress=False, on_step=None, is_main=True, **kw)
-    _WORKER["blob"] = blob
+        torch.set_num_threads(max(1, int(blob["threads"])))
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        kw = dict(blob["pairs"])
+        fmt = prompt_formatter(kw["tokenizer"], kw["recipe"].chat_template)
+        _WORKER["pairs"] = _Pairs(fmt=fmt, progress=False, on_step=None, is_main=True, **kw)
+        _WORKER["blob"] = blob
+    except BaseException as exc:  # noqa: BLE001 - returned by _worker_base
+        _WORKER["init_error"] = _portable(exc)
 
 
-def _portable(exc: BaseException) -> BaseException:
-    """``exc`` if it survives pickling back to the parent, else a RuntimeError carrying its text."""
+def _portable(exc: BaseException) -> dict[str, Any]:
+    """``exc`` as it can travel back to the parent: the exception itself if it survives pickling
+    (else a RuntimeError carrying its text) and its formatted traceback."""
     import pickle
     import traceback
 
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     try:
         pickle.loads(pickle.dumps(exc))
-        return exc
+        err: BaseException = exc
     except Exception:
-        return RuntimeError(f"{type(exc).__name__}: {exc}\n(in a pilot worker process)\n"
-                            + "".join(traceback.format_exception(exc)))
+        err = RuntimeError(f"{type(exc).__name__}: {exc} (in a pilot worker process)")
+    return {"error": err, "traceback": tb}
 
 
 def _worker_base(ckpt) -> dict[str, Any]:
     """Train and finish every unfinished seed of ``ckpt`` (as :meth:`_Pairs.run_base`), then its
     pre-SFT transfer; what happened comes back as lists, an error as ``error``."""
+    import os as _os
+
+    if "init_error" in _WORKER:
+        return {"trained": [], "reused": [], "reevaluated": [], "batching": {}, "error": _WORKER["init_error"],
+                "pid": _os.getpid()}
     pairs, blob = _WORKER["pairs"], _WORKER["blob"]
     pairs.trained, pairs.reused, pairs.reevaluated = [], [], []
     pairs.batching = {"bases": {}}
@@ -696,15 +721,15 @@ def _worker_base(ckpt) -> dict[str, Any]:
     finally:
         gc.collect()
     return {"trained": pairs.trained, "reused": pairs.reused, "reevaluated": pairs.reevaluated,
-            "batching": pairs.batching["bases"], "error": error}
+            "batching": pairs.batching["bases"], "error": error, "pid": _os.getpid()}
 
 
 def _run_bases_in_workers(pairs: "_Pairs", ckpts, jobs: int, threads: int, *, evaluate_base: bool) -> None:
     """Every base of the pilot in ``jobs`` spawned worker processes (one base at a time each). Each
     worker runs exactly what :meth:`_Pairs.run_base` runs in this process, with the same thread
     count, so the outputs do not depend on ``jobs``. Every base is attempted; the first error (in
-    base order) is raised after all have finished. An interrupt stops the workers (saved states
-    are kept; re-running resumes)."""
+    base order) is raised after all have finished, with the worker's traceback as its cause. An
+    interrupt stops the workers (saved states are kept; re-running resumes)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
@@ -724,10 +749,11 @@ def _run_bases_in_workers(pairs: "_Pairs", ckpts, jobs: int, threads: int, *, ev
             c = futures[fut]
             try:
                 results[c.name] = fut.result()
-            except BrokenProcessPool:
-                raise UsageError(f"{pairs.out}: a pilot worker process died while training {c.name} (killed, e.g. "
-                                 "out of memory?). Saved states are kept: re-run the same command to resume, with "
-                                 "fewer jobs (jobs=1 trains one base at a time).") from None
+            except BrokenProcessPool as exc:
+                raise UsageError(f"{pairs.out}: a pilot worker process stopped without a result (killed from "
+                                 "outside, e.g. out of memory, or it could not start: see the lines it printed "
+                                 "above). Saved states are kept: re-run the same command to resume, with fewer "
+                                 "jobs (jobs=1 trains one base at a time in this process).") from exc
             pairs.outer.set_postfix_str(c.name)
             pairs.outer.update(n_seeds)
     except BaseException:
@@ -747,7 +773,9 @@ def _run_bases_in_workers(pairs: "_Pairs", ckpts, jobs: int, threads: int, *, ev
         if r["error"] is not None and first_error is None:
             first_error = r["error"]
     if first_error is not None:
-        raise first_error
+        err = first_error["error"]
+        err.__cause__ = WorkerTraceback(first_error["traceback"])
+        raise err
 
 
 def _invalid_transfer(transfer: pd.DataFrame) -> list[dict[str, Any]]:

@@ -452,11 +452,26 @@ class _Pipeline:
         return f"locked {self.plan} (sha256 {rec['plan_sha256'][:12]})" + (
             f"; {len(rec['warnings'])} warning(s)" if rec.get("warnings") else "")
 
+    def _jobs(self, stage: str, cfg: dict) -> int | None:
+        """``{stage}.jobs`` of the config: bases trained at once in CPU worker processes. On a GPU it does
+        not apply (it changes no number, only how many CPU processes train), so the stage trains one
+        base at a time and says so."""
+        jobs = cfg.get("jobs")
+        if jobs is not None and jobs > 1:
+            from .score import resolve_device
+
+            dev = resolve_device(self.device)
+            if dev.type != "cpu":
+                self.log(f"[run] {stage}: {stage}.jobs: {jobs} is for CPU runs; on {dev} the bases train one at a "
+                         "time (the numbers are the same)")
+                return 1
+        return jobs
+
     def do_pilot(self) -> str:
         from .confirm import _load_pilot_fn
 
         run = self.run
-        jobs = self.pilot_cfg.get("jobs")
+        jobs = self._jobs("pilot", self.pilot_cfg)
         _load_pilot_fn()(run / "shortlist.csv", self.pilot_cfg["recipe"], run / "pilot", progress=self.progress,
                          device=self.device, overrides=list(self.pilot_cfg.get("overrides") or []),
                          **({"jobs": jobs} if jobs is not None else {}))
@@ -474,7 +489,7 @@ class _Pipeline:
         conf_cfg = self.conf_cfg
         res = confirm(self.run, conf_cfg["recipe"], top=int(conf_cfg.get("top", 2)),
                       overrides=conf_cfg.get("overrides") or [], progress=self.progress, device=self.device,
-                      jobs=conf_cfg.get("jobs"))
+                      jobs=self._jobs("confirm", conf_cfg))
         return res.statement
 
     def do_report(self) -> str:
