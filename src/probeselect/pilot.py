@@ -703,11 +703,8 @@ def _portable(exc: BaseException) -> dict[str, Any]:
 def _worker_base(ckpt) -> dict[str, Any]:
     """Train and finish every unfinished seed of ``ckpt`` (as :meth:`_Pairs.run_base`), then its
     pre-SFT transfer; what happened comes back as lists, an error as ``error``."""
-    import os as _os
-
     if "init_error" in _WORKER:
-        return {"trained": [], "reused": [], "reevaluated": [], "batching": {}, "error": _WORKER["init_error"],
-                "pid": _os.getpid()}
+        return {"trained": [], "reused": [], "reevaluated": [], "batching": {}, "error": _WORKER["init_error"]}
     pairs, blob = _WORKER["pairs"], _WORKER["blob"]
     pairs.trained, pairs.reused, pairs.reevaluated = [], [], []
     pairs.batching = {"bases": {}}
@@ -721,7 +718,7 @@ def _worker_base(ckpt) -> dict[str, Any]:
     finally:
         gc.collect()
     return {"trained": pairs.trained, "reused": pairs.reused, "reevaluated": pairs.reevaluated,
-            "batching": pairs.batching["bases"], "error": error, "pid": _os.getpid()}
+            "batching": pairs.batching["bases"], "error": error}
 
 
 def _run_bases_in_workers(pairs: "_Pairs", ckpts, jobs: int, threads: int, *, evaluate_base: bool) -> None:
