@@ -156,3 +156,95 @@ def test_cli_refuses_bad_jobs_before_writing(ladder_checkpoints, tiny_ladder, tm
     rc = main(["pilot", "--bases", str(ladder_checkpoints[-1]), "--recipe", "recipes/pilot.yaml", "--out", str(out),
                "--jobs", "0", "--device", "cpu"])
     assert rc == 2 and "integer >= 1" in capsys.readouterr().err and not out.exists()
+
+
+_INTERRUPT_RUNNER = """
+import os, sys, time
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from probeselect.sft import _runbook
+
+MARKERS = Path({markers!r})
+_log = _runbook.RunBook.log
+
+
+def log_then_wait(self, row):  # in each worker (spawn re-imports this file as __mp_main__)
+    _log(self, row)
+    if row["step"] == 3 and self.run_dir.name == "seed1":  # states of step 2 and log rows 1-3 on disk
+        (MARKERS / self.run_dir.parent.name).write_text(str(os.getpid()))
+        time.sleep(300)
+
+
+_runbook.RunBook.log = log_then_wait
+
+if __name__ == "__main__":
+    from _sft_helpers import small_recipe
+    from probeselect.pilot import run_pilot
+
+    recipe = small_recipe(Path({ladder!r}), budget={{"optimizer_steps": 4}}, seeds=[0, 1])
+    run_pilot([Path(b) for b in {bases!r}], recipe, Path({out!r}), progress=False, device="cpu", jobs=2)
+"""
+
+
+def test_ctrl_c_stops_the_workers_and_a_rerun_resumes_to_the_same_numbers(two_pilots, tiny_ladder, tmp_path):
+    """Ctrl-C in a terminal (SIGINT to the whole process group) while both workers are mid-training:
+    the pilot exits with its manifest saying interrupted, no worker process is left running, and a
+    re-run resumes each run from its saved state to outputs byte-identical to the uninterrupted
+    one-process pilot (adapters, per-step logs, transfer rows)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    res, recipe, bases, root = two_pilots
+    bases = bases[-2:]
+    out, markers = tmp_path / "cut", tmp_path / "markers"
+    markers.mkdir()
+    runner = tmp_path / "runner.py"  # a file, not -c: spawned workers re-import it (and its patch)
+    runner.write_text(_INTERRUPT_RUNNER.format(tests=str(Path(__file__).parent), markers=str(markers),
+                                               ladder=str(tiny_ladder), bases=[str(b) for b in bases], out=str(out)))
+    proc = subprocess.Popen([sys.executable, str(runner)], env=dict(os.environ, OMP_NUM_THREADS="1"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while len(list(markers.iterdir())) < 2:
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the workers never reached step 3"
+            time.sleep(0.2)
+        workers = [int(p.read_text()) for p in markers.iterdir()]
+        assert proc.pid not in workers and len(set(workers)) == 2  # two worker processes, not the parent
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err, err[-3000:]
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["status"] == "interrupted" and "re-run the same command" in man["error"]
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{w}").exists() for w in workers):  # the parent stopped them; nothing orphaned
+        assert time.monotonic() < deadline, f"worker processes {workers} still running after the pilot exited"
+        time.sleep(0.2)
+    for b in bases:
+        for s in (0, 1):
+            assert not (out / b.name / f"seed{s}" / "done.json").exists()
+            assert json.loads((out / b.name / f"seed{s}" / "state" / "latest.json").read_text())["step"] == 2
+
+    again = run_pilot(bases, recipe, out, progress=False, device="cpu", jobs=2)
+    assert again.trained == [(b.name, s) for b in bases for s in (0, 1)] and again.manifest["status"] == "complete"
+    ref = root / "jobs1"
+    for b in bases:
+        for s in (0, 1):
+            run_ref, run_cut = ref / b.name / f"seed{s}", out / b.name / f"seed{s}"
+            assert json.loads((run_cut / "done.json").read_text())["resumes"] == 1
+            assert (run_ref / "adapter" / "adapter_model.safetensors").read_bytes() == \
+                (run_cut / "adapter" / "adapter_model.safetensors").read_bytes()
+            assert [r["loss"] for r in _log(run_ref / "train_log.jsonl")] == \
+                [r["loss"] for r in _log(run_cut / "train_log.jsonl")]
+    names = [b.name for b in bases]
+    want = pd.read_csv(ref / "transfer.csv")
+    want = want[want["base"].isin(names)].reset_index(drop=True)
+    pd.testing.assert_frame_equal(pd.read_csv(out / "transfer.csv"), want)
