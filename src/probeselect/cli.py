@@ -201,15 +201,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="probeselect",
-        description="Choose which saved pretraining checkpoint to post-train.",
-    )
-    p.add_argument("--version", action="version", version=f"probeselect {__version__}")
-    p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
+def _add_toy_ladder_parser(sub) -> None:
     t = sub.add_parser("toy-ladder", help="pretrain the built-in toy checkpoint ladder on CPU",
                        description="Pretrain a small Llama-architecture LM on the synthetic toy world and save "
                                    "checkpoint-<step> folders plus SFT/transfer/held-out data under OUT_DIR/data/.")
@@ -232,6 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-progress", action="store_true", help="hide progress bars")
     t.set_defaults(func=_cmd_toy_ladder)
 
+
+def _add_score_parser(sub) -> None:
     s = sub.add_parser("score", help="score a directory of checkpoints with conflict probes",
                        description="Score every checkpoint in CKPT_DIR with the given probe specs under each "
                                    "evaluation seed; writes items.jsonl, scores.parquet, summary.csv and "
@@ -284,6 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-progress", action="store_true", help="hide progress bars")
     s.set_defaults(func=_cmd_score)
 
+
+def _add_probes_parser(sub) -> None:
     pr = sub.add_parser("probes", help="list, validate and show probe families (no model needed)",
                         description="Inspect probe families: list what is registered, validate spec and data "
                                     "files, and print rendered items exactly as the model sees them.")
@@ -300,6 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
     ps.add_argument("--variant", default=None, help="only this variant")
     pr.set_defaults(func=_cmd_probes)
 
+
+def _add_dynamics_parser(sub) -> None:
     d = sub.add_parser("dynamics", help="mode-hopping, signal/noise and correlation statistics of a scored run",
                        description="Read RUN_DIR's scoring tables and write dynamics.csv, trajectories.csv, "
                                    "pairs.csv, correlation.csv and plots into RUN_DIR/dynamics/.")
@@ -317,6 +315,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "dynamics/attribution.csv and attribution_families.csv")
     d.set_defaults(func=_cmd_dynamics)
 
+
+def _add_average_parser(sub) -> None:
     a = sub.add_parser("average", help="write uniform averages of K consecutive checkpoints",
                        description="Average the weights of every window of K consecutive checkpoints of CKPT_DIR "
                                    "into standard HF folders whose metadata names the sources.")
@@ -329,6 +329,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--no-progress", action="store_true", help="hide progress bars")
     a.set_defaults(func=_cmd_average)
 
+
+def _add_shortlist_parser(sub) -> None:
     sl = sub.add_parser("shortlist", help="shortlist bases across probes and prompt variants under a plan",
                         description="Rank checkpoints on the plan's proxies, apply its constraints, flag one-probe "
                                     "winners and write shortlist.csv / shortlist.json.")
@@ -337,11 +339,30 @@ def build_parser() -> argparse.ArgumentParser:
     sl.add_argument("--out", default=None, help="output folder (default RUN_DIR)")
     sl.set_defaults(func=_cmd_shortlist)
 
+
+def _add_report_parser(sub) -> None:
     r = sub.add_parser("report", help="write report.md and a self-contained report.html for a run",
                        description="Write RUN_DIR/report.md and RUN_DIR/report.html (plots embedded).")
     r.add_argument("run_dir", metavar="RUN_DIR", help="a folder written by `probeselect score`")
     r.add_argument("--averaged", default=None, help="scored run of averaged checkpoints to compare against")
     r.set_defaults(func=_cmd_report)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="probeselect",
+        description="Choose which saved pretraining checkpoint to post-train.",
+    )
+    p.add_argument("--version", action="version", version=f"probeselect {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_toy_ladder_parser(sub)
+    _add_score_parser(sub)
+    _add_probes_parser(sub)
+    _add_dynamics_parser(sub)
+    _add_average_parser(sub)
+    _add_shortlist_parser(sub)
+    _add_report_parser(sub)
     __import__("probeselect.sft._cli", fromlist=["add_parsers"]).add_parsers(sub)  # pilot
     __import__("probeselect._select_cli", fromlist=["add_parsers"]).add_parsers(sub)  # plan lock, select, confirm, run
     __import__("probeselect._watch_cli", fromlist=["add_parsers"]).add_parsers(sub)  # watch, export
