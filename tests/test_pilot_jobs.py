@@ -178,6 +178,11 @@ def log_then_wait(self, row):  # in each worker (spawn re-imports this file as _
 _runbook.RunBook.log = log_then_wait
 
 if __name__ == "__main__":
+    import signal
+
+    # as in a terminal: a process started in the background of a non-interactive shell (as CI may start
+    # pytest) inherits SIGINT ignored, and Python then never raises KeyboardInterrupt
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from _sft_helpers import small_recipe
     from probeselect.pilot import run_pilot
 
