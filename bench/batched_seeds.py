@@ -14,9 +14,9 @@ after each run. Reported per run: stage wall time (training + transfer evaluatio
 and the training seconds summed from diagnostics.csv (batched steps are split evenly among
 their seeds, so the sum is the batched wall time of training). One torch thread per process, as a
 pilot. Variants: ``single`` (batch_seeds=false), ``batched`` (seeds batched, padded rows: the path
-before bounded packing), ``packed`` (the default: seeds batched, packed rows), ``jobs2`` (the default
-with ``jobs=2``: two bases at once in two worker processes, which always run the default packed path;
-its train_s sums both processes' training time, so compare wall_s).
+before bounded packing), ``packed`` (the default: seeds batched, packed rows), ``jobsN`` (the default
+with ``jobs=N``, e.g. ``jobs2``: N bases at once in N worker processes, which always run the default
+packed path; its train_s sums the processes' training time, so compare wall_s).
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=Path("/tmp/bench-batched"))
     ap.add_argument("--stages", default="pilot,confirm")
     ap.add_argument("--variants", default="single,batched",
-                    help="comma list of single, batched, packed, jobs2 (batched, two bases at once in 2 processes)")
+                    help="comma list of single, batched, packed, jobsN (the default packed path, N bases at once "
+                         "in N processes, e.g. jobs2, jobs3)")
     args = ap.parse_args(argv)
     from probeselect.checkpoints import discover_checkpoints
 
@@ -74,16 +75,16 @@ def main(argv=None) -> int:
             if recipe.split(".")[0] not in args.stages.split(","):
                 continue
             for v in args.variants.split(","):
-                batch = {"single": False, "batched": True, "packed": "packed", "jobs2": "packed"}[v]
-                row = _stage(args.ladder, recipe, bases, steps, batch, args.out / f"r{r}-{recipe}-{v}",
-                             jobs=2 if v == "jobs2" else 1)
+                jobs = int(v[4:]) if v.startswith("jobs") else 1
+                batch = "packed" if jobs > 1 else {"single": False, "batched": True, "packed": "packed"}[v]
+                row = _stage(args.ladder, recipe, bases, steps, batch, args.out / f"r{r}-{recipe}-{v}", jobs=jobs)
                 row["round"], row["variant"] = r, v
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     for recipe in ("pilot.yaml", "confirm.yaml"):
         for key in ("wall_s", "train_s"):
             a = [x[key] for x in rows if x["recipe"] == recipe and x["variant"] == "single"]
-            for v in ("batched", "packed", "jobs2"):
+            for v in dict.fromkeys(x["variant"] for x in rows if x["variant"] != "single"):
                 b = [x[key] for x in rows if x["recipe"] == recipe and x["variant"] == v]
                 if a and b:
                     print(f"{recipe} {key}: one seed at a time {a} | {v} {b} | speed-up per round "
