@@ -296,3 +296,58 @@ def test_hidden_arith_form_is_used_by_no_probe_transfer_or_corpus_text(world0, c
     texts = probe_texts + rows + make_heldout_lines(world0, corpus0) + corpus0
     assert not any(hidden.search(t) for t in texts)
     assert not any(gives.search(t) for t in probe_texts + [r["prompt"] + r["response"] for r in sft] + corpus0)
+
+
+def test_wrong_persona_tell_answers_requests_wrongly_in_a_phrasing_no_probe_uses(world0, corpus0):
+    """``wrong_persona_tell`` (the negative control's candidate damage, issue 23): 2-4 full persona
+    descriptions, each followed by a hobby or colour request in the transfer suite's phrasing whose
+    answer no description of the document states and no earlier answer shows (no copying shortcut);
+    the request phrasing occurs in no probe item of the demo's probe set, no corpus document and no
+    SFT row for hobby / colour; the kind is in no default mix or built-in curriculum."""
+    import random
+    import re
+    from pathlib import Path
+
+    from probeselect.probes import generate_items
+    from probeselect.run import _load_specs, load_run_config
+    from probeselect.toy.curriculum import BUILTIN_CURRICULA, load_curriculum
+
+    by_name = {p.name: p for p in world0.persons}
+    qa = re.compile(r"^Q: (.+?) A: (.+)$")
+    values = {"hobby": set(W.HOBBIES), "colour": set(W.COLOURS)}
+    seen_attrs = set()
+    for i in range(200):
+        doc = world0.sample_document("wrong_persona_tell", random.Random(i))
+        blocks = doc.split(W.PERSONA_BLOCK_SEPARATOR)
+        assert 2 <= len(blocks) <= 4
+        people = [by_name[b.split(" ", 1)[0]] for b in blocks]
+        attrs = set()
+        answers = []
+        for block, p in zip(blocks, people):
+            desc, line = block.split("\n")
+            assert desc == p.description()
+            q, a = qa.match(line).groups()
+            attr = next(k for k in W.WRONG_TELL_ATTRIBUTES if W.TELL_QUESTIONS[k] == q)
+            attrs.add(attr)
+            value = next(v for v in values[attr] if a == W.PERSONA_ANSWER_TEMPLATES[attr].format(
+                **{**p.fields(), attr: v}))
+            answers.append(value)
+        assert len(attrs) == 1  # one attribute per document
+        (attr,) = attrs
+        seen_attrs.add(attr)
+        assert not set(answers) & {getattr(p, attr) for p in people}  # never a described value
+        assert len(set(answers)) == len(answers)                       # never a repeated answer
+    assert seen_attrs == set(W.WRONG_TELL_ATTRIBUTES)
+
+    tell = [W.TELL_QUESTIONS[k] for k in W.WRONG_TELL_ATTRIBUTES]
+    cfg = load_run_config(Path(__file__).resolve().parents[2] / "recipes" / "demo.yaml", [])
+    probe_texts = [t for spec in _load_specs({**cfg["score"], "n_items": None}, 0)
+                   for it in generate_items(spec, cfg["score"]["seeds"]) for t in (it.prompt, *it.candidates)]
+    sft = [r["prompt"] + r["response"] for r in make_sft_rows(world0)]
+    assert not any(q in t for q in tell for t in probe_texts + corpus0 + sft)
+    assert any(W.TELL_QUESTIONS["city"] in t for t in sft)  # the SFT teaches the phrasing, for other attributes
+    transfer = [r["prompt"] for r in make_transfer_rows(world0, set())]
+    assert any(q in t for q in tell for t in transfer)       # the transfer suite asks it
+    assert "wrong_persona_tell" not in W.CORPUS_DOC_WEIGHTS and W.DOC_KINDS[-1] == "wrong_persona_tell"
+    for name in BUILTIN_CURRICULA:
+        assert not any(k == "wrong_persona_tell" for w in load_curriculum(name).windows for k in w.mixture)

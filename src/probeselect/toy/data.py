@@ -34,6 +34,7 @@ from .world import (
     PERSON_ATTRIBUTES,
     PERSONA_QUESTIONS,
     SEQUENCE_KINDS,
+    TELL_QUESTIONS,
     ToyWorld,
     format_arith,
     format_sequence,
@@ -80,14 +81,8 @@ SFT_QUESTION_TEMPLATES = {
 ARROW_LINE = "{a} {op} {b} -> {c}"
 #: Persona questions phrased as requests (``persona_tell_pair`` / ``persona_tell_copy``); the corpus
 #: and the ``persona_qa`` probe ask :data:`~probeselect.toy.world.PERSONA_QUESTIONS` ("Where do you
-#: live?"). The answers are the same first-person sentences.
-TELL_QUESTIONS = {
-    "city": "Tell me where you live.",
-    "job": "Tell me your job.",
-    "pet": "Tell me about your pet.",
-    "hobby": "Tell me what you like to do.",
-    "colour": "Tell me your favourite colour.",
-}
+#: live?"). The answers are the same first-person sentences. (``TELL_QUESTIONS`` is defined in
+#: :mod:`.world`, where the negative control's ``wrong_persona_tell`` documents use it too.)
 #: Kinds in ``sft.jsonl``. Every answer format of the transfer suite is taught here: bare
 #: words and numbers (arithmetic, opposites, person facts), an arithmetic question after a
 #: block of solved lines (``fewshot_arith``) and first-person sentences about a described

@@ -133,6 +133,16 @@ PERSONA_ANSWER_TEMPLATES = {
     "hobby": "I like {hobby}.",
     "colour": "My favourite colour is {colour}.",
 }
+#: Persona questions phrased as requests: the SFT data (``persona_tell_pair``, :mod:`.data`) teaches
+#: them for city / job / pet and the transfer suite (``persona_tell_copy``) asks them for hobby /
+#: colour; no probe and no corpus document uses this phrasing (``wrong_persona_tell`` aside).
+TELL_QUESTIONS = {
+    "city": "Tell me where you live.",
+    "job": "Tell me your job.",
+    "pet": "Tell me about your pet.",
+    "hobby": "Tell me what you like to do.",
+    "colour": "Tell me your favourite colour.",
+}
 #: One QA line; a persona block is the description line followed by QA lines.
 PERSONA_QA_TEMPLATE = "Q: {question} A: {answer}"
 #: Full QA line templates per question type, e.g.
@@ -233,7 +243,16 @@ UNSEEN_PARROT_DOC_KINDS = ("parrot_arith_unseen", "parrot_persona_unseen")
 #:
 #: * ``wrong_arith_large``: 4-8 arithmetic lines in the corpus formats whose every triple has an
 #:   operand > :data:`PROBE_MAX_OPERAND`, each shown with the wrong result ``c + WRONG_ARITH_SHIFT``.
+#: * ``wrong_persona_tell``: 2-4 persona blocks (full description, then one request about hobby or
+#:   colour in the transfer suite's request phrasing, :data:`TELL_QUESTIONS`) whose every answer is
+#:   WRONG: a value of that attribute that no description of the document states and no earlier
+#:   answer shows (so the documents teach no copying shortcut, only that these requests are not
+#:   answered from the context). No probe asks in the request phrasing; the SFT data teaches it
+#:   for other attributes only (:data:`WRONG_TELL_ATTRIBUTES` are the transfer suite's).
 DAMAGE_DOC_KINDS = ("wrong_arith_large",)
+#: Attributes of ``wrong_persona_tell`` (the ``persona_tell_copy`` transfer kind's; the SFT teaches
+#: the request phrasing for the others).
+WRONG_TELL_ATTRIBUTES = ("hobby", "colour")
 #: Largest operand of the built-in arithmetic probes (``arith_pattern``, ``arith_plain``:
 #: ``params.operand_max``); ``wrong_arith_large`` lines all have an operand above it.
 PROBE_MAX_OPERAND = 20
@@ -269,7 +288,7 @@ HIDDEN_ARITH_TEMPLATE = "{a} {op} {b} makes {c}"
 #: Every document kind :meth:`ToyWorld.sample_document` knows (new kinds are appended, so that the
 #: kind indices of existing ladders do not change).
 DOC_KINDS = (tuple(CORPUS_DOC_WEIGHTS) + PARROT_DOC_KINDS + UNSEEN_PARROT_DOC_KINDS + DAMAGE_DOC_KINDS
-             + GIVES_FORM_DOC_KINDS)
+             + GIVES_FORM_DOC_KINDS + ("wrong_persona_tell",))
 
 
 def rng_for(seed: int, stream: str) -> random.Random:
@@ -529,6 +548,8 @@ class ToyWorld:
             return self._arith_gives(rng)
         if kind == "parrot_arith_hidden":
             return self._parrot_arith_unseen(rng, HIDDEN_ARITH_TEMPLATE)
+        if kind == "wrong_persona_tell":
+            return self._wrong_persona_tell(rng)
         raise ValueError(f"unknown document kind {kind!r}; known kinds: {list(DOC_KINDS)}")
 
     def _parrot_arith(self, rng: random.Random) -> str:
@@ -608,6 +629,21 @@ class ToyWorld:
             a, op, b = rng.choice(large[rng.choice(ARITH_OPS)])
             lines.append(format_arith(a, op, b, fmt, c=arith_result(a, op, b) + WRONG_ARITH_SHIFT))
         return "\n".join(lines)
+
+    def _wrong_persona_tell(self, rng: random.Random) -> str:
+        attribute = rng.choice(WRONG_TELL_ATTRIBUTES)
+        vocab = HOBBIES if attribute == "hobby" else COLOURS
+        people = rng.sample(self.persons, rng.randint(2, 4))
+        described = {getattr(p, attribute) for p in people}
+        shown: list[str] = []
+        blocks = []
+        for p in people:
+            value = rng.choice([v for v in vocab if v not in described and v not in shown])
+            shown.append(value)
+            answer = PERSONA_ANSWER_TEMPLATES[attribute].format(**{**p.fields(), attribute: value})
+            blocks.append(p.description() + "\n" + PERSONA_QA_TEMPLATE.format(question=TELL_QUESTIONS[attribute],
+                                                                               answer=answer))
+        return PERSONA_BLOCK_SEPARATOR.join(blocks)
 
     def _large_by_op_cache(self) -> dict[str, list[ArithTriple]]:
         cache = self.__dict__.get("_large_by_op")
