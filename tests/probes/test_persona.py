@@ -5,8 +5,9 @@ import pytest
 
 from probeselect.errors import ProbeSpecError
 from probeselect.probes import generate_items, get_family, load_spec, spec_from_dict
-from probeselect.probes._persona import ATTRIBUTE_VALUES, QUESTIONS, render_block
+from probeselect.probes._persona import QUESTIONS, render_block
 from probeselect.toy.world import (
+    ATTRIBUTE_VOCAB,
     PERSONA_ANSWER_TEMPLATES,
     PERSONA_BLOCK_SEPARATOR,
     PERSONA_QUESTIONS,
@@ -159,7 +160,7 @@ def test_question_subset_and_render_block():
     "raw, msg",
     [
         ({"n_demos": 0}, "n_demos"),
-        ({"n_demos": len(ATTRIBUTE_VALUES["pet"])}, "n_demos"),
+        ({"n_demos": len(ATTRIBUTE_VOCAB["pet"])}, "n_demos"),
         ({"params": {"questions": ["age"]}}, "questions"),
         ({"params": {"questions": []}}, "questions"),
         ({"params": {"questions": ["pet", "pet"]}}, "twice"),

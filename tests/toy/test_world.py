@@ -314,7 +314,6 @@ def test_wrong_persona_tell_answers_requests_wrongly_in_a_phrasing_no_probe_uses
 
     by_name = {p.name: p for p in world0.persons}
     qa = re.compile(r"^Q: (.+?) A: (.+)$")
-    values = {"hobby": set(W.HOBBIES), "colour": set(W.COLOURS)}
     seen_attrs = set()
     for i in range(200):
         doc = world0.sample_document("wrong_persona_tell", random.Random(i))
@@ -329,7 +328,7 @@ def test_wrong_persona_tell_answers_requests_wrongly_in_a_phrasing_no_probe_uses
             q, a = qa.match(line).groups()
             attr = next(k for k in W.WRONG_TELL_ATTRIBUTES if W.TELL_QUESTIONS[k] == q)
             attrs.add(attr)
-            value = next(v for v in values[attr] if a == W.PERSONA_ANSWER_TEMPLATES[attr].format(
+            value = next(v for v in W.ATTRIBUTE_VOCAB[attr] if a == W.PERSONA_ANSWER_TEMPLATES[attr].format(
                 **{**p.fields(), attr: v}))
             answers.append(value)
         assert len(attrs) == 1  # one attribute per document

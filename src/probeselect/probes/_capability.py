@@ -71,17 +71,13 @@ from typing import Iterator
 
 from ..errors import ProbeSpecError
 from ..toy.world import (
+    ATTRIBUTE_VOCAB,
     CATEGORY_MEMBERS,
-    CITIES,
-    COLOURS,
-    HOBBIES,
-    JOBS,
     PERSON_ATTRIBUTES,
     PERSONA_ANSWER_TEMPLATES,
     PERSONA_DESCRIPTION_EXTRA,
     PERSONA_QA_TEMPLATE,
     PERSONA_QUESTIONS,
-    PETS,
     ToyWorld,
 )
 from ._arithmetic import TEMPLATES as ARITH_TEMPLATES
@@ -272,7 +268,6 @@ def relation_plain(spec: FamilySpec, seed: int) -> Iterator[ProbeItem]:
 # ---------------------------------------------------------------------------
 
 PERSONA_VARIANTS = ("block", "value")
-ATTRIBUTE_VOCAB = {"city": CITIES, "job": JOBS, "pet": PETS, "hobby": HOBBIES, "colour": COLOURS}
 _EXTRA_ATTRIBUTES = tuple(PERSONA_DESCRIPTION_EXTRA)  # pet, hobby, colour (city/job are always described)
 
 

@@ -42,16 +42,12 @@ from typing import Iterator
 
 from ..errors import ProbeSpecError
 from ..toy.world import (
-    CITIES,
-    COLOURS,
+    ATTRIBUTE_VOCAB,
     FEMALE_NAMES,
-    HOBBIES,
-    JOBS,
     MALE_NAMES,
     PERSON_ATTRIBUTES,
     PERSONA_BLOCK_SEPARATOR,
     PERSONA_QUESTIONS,
-    PETS,
     Person,
 )
 from ..items import ProbeItem, item_rng
@@ -62,14 +58,6 @@ FAMILY = "persona_qa"
 
 #: Question types, in the toy world's canonical attribute order.
 QUESTIONS: tuple[str, ...] = tuple(PERSON_ATTRIBUTES)
-#: The vocabulary each attribute is sampled from.
-ATTRIBUTE_VALUES: dict[str, tuple[str, ...]] = {
-    "city": CITIES,
-    "job": JOBS,
-    "pet": PETS,
-    "hobby": HOBBIES,
-    "colour": COLOURS,
-}
 _NAMES: tuple[tuple[str, str], ...] = tuple((n, "she") for n in FEMALE_NAMES) + tuple((n, "he") for n in MALE_NAMES)
 
 #: Prompt-format variants: how one persona block (description, question, answer) is
@@ -108,7 +96,7 @@ def _sample_person(rng: random.Random, *, avoid_names: set[str], attribute: str 
     name, pronoun = rng.choice([np for np in _NAMES if np[0] not in avoid_names])
     values = {}
     for k in QUESTIONS:  # fixed order: the stream is reproducible
-        pool = ATTRIBUTE_VALUES[k]
+        pool = ATTRIBUTE_VOCAB[k]
         if k == attribute:
             pool = [v for v in pool if v not in avoid_values]
         values[k] = rng.choice(pool)
@@ -129,7 +117,7 @@ def _validate(spec: FamilySpec, source: str) -> None:
         raise ProbeSpecError(f"{source}: params.questions has unknown question type(s) {bad}; choose from {list(QUESTIONS)}.")
     if len(set(qs)) != len(qs):
         raise ProbeSpecError(f"{source}: params.questions lists a question type twice: {list(qs)}.")
-    max_demos = min(len(ATTRIBUTE_VALUES[q]) for q in qs) - 1
+    max_demos = min(len(ATTRIBUTE_VOCAB[q]) for q in qs) - 1
     if not 1 <= spec.n_demos <= max_demos:
         raise ProbeSpecError(
             f"{source}: {FAMILY} needs 1 <= n_demos <= {max_demos} (each demonstration persona needs its own "

@@ -95,6 +95,9 @@ COLOURS = (
 N_PERSONS = 40
 #: Attribute names of a person, in canonical order.
 PERSON_ATTRIBUTES = ("city", "job", "pet", "hobby", "colour")
+#: The vocabulary of each person attribute, in :data:`PERSON_ATTRIBUTES` order.
+ATTRIBUTE_VOCAB: dict[str, tuple[str, ...]] = {"city": CITIES, "job": JOBS, "pet": PETS, "hobby": HOBBIES,
+                                               "colour": COLOURS}
 
 #: Third-person fact sentences, one per attribute.  Placeholders are the keys of
 #: :meth:`Person.fields` (``a_job`` = "a baker", ``a_pet`` = "an owl", ...).
@@ -243,6 +246,10 @@ UNSEEN_PARROT_DOC_KINDS = ("parrot_arith_unseen", "parrot_persona_unseen")
 #:
 #: * ``wrong_arith_large``: 4-8 arithmetic lines in the corpus formats whose every triple has an
 #:   operand > :data:`PROBE_MAX_OPERAND`, each shown with the wrong result ``c + WRONG_ARITH_SHIFT``.
+#:
+#: The negative control's second candidate damage (issue 23, bench/late_harm_notes.md; in no built-in
+#: curriculum), aimed at the transfer suite instead of at operands:
+#:
 #: * ``wrong_persona_tell``: 2-4 persona blocks (full description, then one request about hobby or
 #:   colour in the transfer suite's request phrasing, :data:`TELL_QUESTIONS`) whose every answer is
 #:   WRONG: a value of that attribute that no description of the document states and no earlier
@@ -250,6 +257,7 @@ UNSEEN_PARROT_DOC_KINDS = ("parrot_arith_unseen", "parrot_persona_unseen")
 #:   answered from the context). No probe asks in the request phrasing; the SFT data teaches it
 #:   for other attributes only (:data:`WRONG_TELL_ATTRIBUTES` are the transfer suite's).
 DAMAGE_DOC_KINDS = ("wrong_arith_large",)
+TELL_DAMAGE_DOC_KINDS = ("wrong_persona_tell",)
 #: Attributes of ``wrong_persona_tell`` (the ``persona_tell_copy`` transfer kind's; the SFT teaches
 #: the request phrasing for the others).
 WRONG_TELL_ATTRIBUTES = ("hobby", "colour")
@@ -288,7 +296,7 @@ HIDDEN_ARITH_TEMPLATE = "{a} {op} {b} makes {c}"
 #: Every document kind :meth:`ToyWorld.sample_document` knows (new kinds are appended, so that the
 #: kind indices of existing ladders do not change).
 DOC_KINDS = (tuple(CORPUS_DOC_WEIGHTS) + PARROT_DOC_KINDS + UNSEEN_PARROT_DOC_KINDS + DAMAGE_DOC_KINDS
-             + GIVES_FORM_DOC_KINDS + ("wrong_persona_tell",))
+             + GIVES_FORM_DOC_KINDS + TELL_DAMAGE_DOC_KINDS)
 
 
 def rng_for(seed: int, stream: str) -> random.Random:
@@ -474,7 +482,7 @@ class ToyWorld:
         # Every value of every attribute vocabulary belongs to at least one person, so the
         # corpus mentions every word a probe may draw from these vocabularies.
         columns = {}
-        for attr, vocab in (("city", CITIES), ("job", JOBS), ("pet", PETS), ("hobby", HOBBIES), ("colour", COLOURS)):
+        for attr, vocab in ATTRIBUTE_VOCAB.items():
             col = list(vocab) + [rng.choice(vocab) for _ in range(N_PERSONS - len(vocab))]
             rng.shuffle(col)
             columns[attr] = col
@@ -632,7 +640,7 @@ class ToyWorld:
 
     def _wrong_persona_tell(self, rng: random.Random) -> str:
         attribute = rng.choice(WRONG_TELL_ATTRIBUTES)
-        vocab = HOBBIES if attribute == "hobby" else COLOURS
+        vocab = ATTRIBUTE_VOCAB[attribute]
         people = rng.sample(self.persons, rng.randint(2, 4))
         described = {getattr(p, attribute) for p in people}
         shown: list[str] = []
