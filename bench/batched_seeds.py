@@ -16,7 +16,10 @@ their seeds, so the sum is the batched wall time of training). One torch thread 
 pilot. Variants: ``single`` (batch_seeds=false), ``batched`` (seeds batched, padded rows: the path
 before bounded packing), ``packed`` (the default: seeds batched, packed rows), ``jobsN`` (the default
 with ``jobs=N``, e.g. ``jobs2``: N bases at once in N worker processes, which always run the default
-packed path; its train_s sums the processes' training time, so compare wall_s).
+packed path; its train_s sums the processes' training time, so compare wall_s; ``--pilot-jobs M`` gives
+the pilot stage M instead). Stages run one after the other in this one process, as in ``probeselect run``:
+with the forkserver start method (the default on Linux) the worker server started by the first stage
+serves the later ones, so compare whole commands with ``--rounds 1``.
 """
 
 from __future__ import annotations
@@ -61,6 +64,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("/tmp/bench-batched"))
     ap.add_argument("--stages", default="pilot,confirm")
+    ap.add_argument("--pilot-jobs", type=int, default=None,
+                    help="jobs of the pilot stage in a jobsN variant (default N), e.g. 3 for 3 bases on 2 cores")
     ap.add_argument("--variants", default="single,batched",
                     help="comma list of single, batched, packed, jobsN (the default packed path, N bases at once "
                          "in N processes, e.g. jobs2, jobs3)")
@@ -76,6 +81,8 @@ def main(argv=None) -> int:
                 continue
             for v in args.variants.split(","):
                 jobs = int(v[4:]) if v.startswith("jobs") else 1
+                if jobs > 1 and recipe == "pilot.yaml" and args.pilot_jobs:
+                    jobs = args.pilot_jobs
                 batch = "packed" if jobs > 1 else {"single": False, "batched": True, "packed": "packed"}[v]
                 row = _stage(args.ladder, recipe, bases, steps, batch, args.out / f"r{r}-{recipe}-{v}", jobs=jobs)
                 row["round"], row["variant"] = r, v

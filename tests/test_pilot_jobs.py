@@ -75,6 +75,41 @@ def test_two_jobs_give_the_numbers_of_one(two_pilots):
     assert mb["status"] == "complete"
 
 
+def test_workers_come_from_the_server_by_default_and_spawn_gives_the_same_numbers(two_pilots, tmp_path,
+                                                                                     monkeypatch):
+    """By default (Linux) the workers are forked from the forkserver, which the jobs=2 pilot above
+    started; PROBESELECT_MP_START=spawn (fresh interpreters) gives byte-identical outputs."""
+    from multiprocessing import forkserver
+
+    from probeselect.pilot import worker_context
+
+    res, recipe, bases, root = two_pilots
+    monkeypatch.delenv("PROBESELECT_MP_START", raising=False)
+    assert worker_context().get_start_method() == "forkserver"
+    assert forkserver._forkserver._forkserver_pid is not None  # started by the pilot: its workers came from it
+    monkeypatch.setenv("PROBESELECT_MP_START", "spawn")
+    assert worker_context().get_start_method() == "spawn"
+    spawned = run_pilot(bases[-2:], recipe, tmp_path / "spawned", progress=False, device="cpu", jobs=2)
+    assert spawned.trained == [(b.name, s) for b in bases[-2:] for s in (0, 1)]
+    names = [b.name for b in bases[-2:]]
+    want = pd.read_csv(root / "jobs1" / "transfer.csv")
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "spawned" / "transfer.csv"),
+                                  want[want["base"].isin(names)].reset_index(drop=True))
+    for n in names:
+        for s in (0, 1):
+            assert (root / "jobs1" / n / f"seed{s}" / "adapter" / "adapter_model.safetensors").read_bytes() == \
+                (tmp_path / "spawned" / n / f"seed{s}" / "adapter" / "adapter_model.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("value, match", [("fork", "forkserver, spawn"), ("thread", "forkserver, spawn")])
+def test_a_bad_start_method_is_refused_before_anything_is_written(value, match, two_pilots, tmp_path, monkeypatch):
+    res, recipe, bases, root = two_pilots
+    monkeypatch.setenv("PROBESELECT_MP_START", value)
+    with pytest.raises(UsageError, match=f"PROBESELECT_MP_START=.*{match}"):
+        run_pilot(bases[-2:], recipe, tmp_path / "p", progress=False, device="cpu", jobs=2)
+    assert not (tmp_path / "p").exists()
+
+
 def test_a_rerun_with_jobs_reuses_finished_pairs(two_pilots, tmp_path):
     res, recipe, bases, root = two_pilots
     copy = tmp_path / "again"

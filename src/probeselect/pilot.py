@@ -284,6 +284,8 @@ def run_pilot(bases, recipe: Recipe | str | Path, out_dir: str | Path, *, progre
     not a number.
     """
     jobs = resolve_jobs(jobs, device=device, on_step=on_step)
+    if jobs > 1 and not (isinstance(bases, (list, tuple)) and len(bases) < 2):
+        worker_context(start=True)  # the worker server imports torch & co. while this process reads and encodes
     with deterministic_torch(threads) as n_threads:
         return _run_pilot(bases, recipe, out_dir, progress=progress, merged=merged, device=device, ladder=ladder,
                           overrides=overrides, on_step=on_step, jobs=jobs, threads=n_threads)
@@ -292,7 +294,7 @@ def run_pilot(bases, recipe: Recipe | str | Path, out_dir: str | Path, *, progre
 def resolve_jobs(jobs: int | str | None, *, device: str = "auto", on_step=None) -> int:
     """The number of bases a pilot trains at once: ``jobs``, else ``PROBESELECT_JOBS``, else 1.
 
-    ``jobs > 1`` starts that many worker processes (``spawn``), each training whole bases (every
+    ``jobs > 1`` starts that many worker processes (see :func:`worker_context`), each training whole bases (every
     seed of a base stays in one process, batched as usual) with the pilot's fixed thread count and
     deterministic kernels, so the numbers are the same as with ``jobs = 1``. It is for CPU: a
     machine with C cores runs a pilot about min(C, jobs, bases) times faster than one process of
@@ -658,6 +660,50 @@ class WorkerTraceback(Exception):
         return f"\n\"\"\"\n{self.tb}\"\"\""
 
 
+#: What a pilot worker imports before it can train (torch, transformers' modelling and generation
+#: code, peft): the worker server (``forkserver``) imports them once, so a worker starts in a fraction
+#: of a second instead of importing them itself (about 2.5 s of CPU per worker on the CI-sized machine).
+WORKER_PRELOAD = ("probeselect.pilot", "transformers.modeling_utils", "transformers.generation", "peft")
+
+#: Start methods a pilot's worker processes may use (``PROBESELECT_MP_START``).
+START_METHODS = ("forkserver", "spawn")
+
+
+def worker_context(*, start: bool = False):
+    """The :mod:`multiprocessing` context of pilot workers (``jobs > 1``).
+
+    ``PROBESELECT_MP_START`` (``forkserver`` or ``spawn``), else ``forkserver`` where the platform has it
+    (Linux, macOS), else ``spawn``. With ``forkserver`` a server process, started once per Python process
+    and kept until it exits, imports :data:`WORKER_PRELOAD` (and re-runs the main script as ``spawn``
+    would, guarded by ``if __name__ == "__main__"``) before any torch thread exists, and forks each worker
+    from that state: a pilot's later stages (the confirmation after the pilot in ``probeselect run``)
+    start their workers without importing anything. Both methods give a fresh process that has run no
+    torch kernel; the workers set the pilot's thread count and deterministic kernels themselves, so the
+    numbers do not depend on the method (tests/test_pilot_jobs.py). ``start=True`` starts the server now
+    (it then imports while this process goes on). A server started earlier by other code keeps its own
+    preload list; workers then import what they need themselves.
+    """
+    import multiprocessing
+
+    env = (os.environ.get("PROBESELECT_MP_START") or "").strip()
+    if env and env not in START_METHODS:
+        raise UsageError(f"PROBESELECT_MP_START={env!r}: the start method of pilot worker processes is one of "
+                         f"{', '.join(START_METHODS)} (or unset: forkserver where available).")
+    available = multiprocessing.get_all_start_methods()
+    method = env or ("forkserver" if "forkserver" in available else "spawn")
+    if method not in available:
+        raise UsageError(f"PROBESELECT_MP_START={method}: this platform has no {method!r} start method "
+                         f"(it has {', '.join(available)}); unset it or use spawn.")
+    ctx = multiprocessing.get_context(method)
+    if method == "forkserver":
+        from multiprocessing import forkserver
+
+        ctx.set_forkserver_preload(["__main__", *WORKER_PRELOAD])
+        if start:
+            forkserver.ensure_running()
+    return ctx
+
+
 def _worker_init(blob: dict[str, Any]) -> None:
     """A pilot worker process: the parent's thread count and deterministic kernels, no progress
     bars; Ctrl-C is left to the parent (which stops the workers), and on Linux the worker gets
@@ -681,6 +727,7 @@ def _worker_init(blob: dict[str, Any]) -> None:
         fmt = prompt_formatter(kw["tokenizer"], kw["recipe"].chat_template)
         _WORKER["pairs"] = _Pairs(fmt=fmt, progress=False, on_step=None, is_main=True, **kw)
         _WORKER["blob"] = blob
+        gc.freeze()  # the modules and the blob live as long as the worker: keep them out of every gc.collect
     except BaseException as exc:  # noqa: BLE001 - returned by _worker_base
         _WORKER["init_error"] = _portable(exc)
 
@@ -722,12 +769,11 @@ def _worker_base(ckpt) -> dict[str, Any]:
 
 
 def _run_bases_in_workers(pairs: "_Pairs", ckpts, jobs: int, threads: int, *, evaluate_base: bool) -> None:
-    """Every base of the pilot in ``jobs`` spawned worker processes (one base at a time each). Each
+    """Every base of the pilot in ``jobs`` worker processes (:func:`worker_context`; one base at a time each). Each
     worker runs exactly what :meth:`_Pairs.run_base` runs in this process, with the same thread
     count, so the outputs do not depend on ``jobs``. Every base is attempted; the first error (in
     base order) is raised after all have finished, with the worker's traceback as its cause. An
     interrupt stops the workers (saved states are kept; re-running resumes)."""
-    import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
 
@@ -738,7 +784,7 @@ def _run_bases_in_workers(pairs: "_Pairs", ckpts, jobs: int, threads: int, *, ev
                       "merged": pairs.merged, "device": pairs.device}}
     n_seeds = len(pairs.recipe.seeds)
     results: dict[str, dict[str, Any]] = {}
-    ex = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+    ex = ProcessPoolExecutor(max_workers=jobs, mp_context=worker_context(),
                              initializer=_worker_init, initargs=(blob,))
     try:
         futures = {ex.submit(_worker_base, c): c for c in ckpts}
