@@ -288,3 +288,54 @@ def test_ctrl_c_stops_the_workers_and_a_rerun_resumes_to_the_same_numbers(two_pi
     want = pd.read_csv(ref / "transfer.csv")
     want = want[want["base"].isin(names)].reset_index(drop=True)
     pd.testing.assert_frame_equal(pd.read_csv(out / "transfer.csv"), want)
+
+
+def _ppid(pid: int) -> int:
+    from pathlib import Path
+
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_a_pilot_killed_with_sigkill_leaves_no_worker_or_server_behind(two_pilots, tiny_ladder, tmp_path):
+    """kill -9 of the pilot process alone (as the OOM killer does) while both workers are mid-training: the
+    worker server (the workers' parent) and the workers exit instead of training on into the pilot folder."""
+    import contextlib
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    res, recipe, bases, root = two_pilots
+    out, markers = tmp_path / "killed", tmp_path / "markers"
+    markers.mkdir()
+    runner = tmp_path / "runner.py"
+    runner.write_text(_INTERRUPT_RUNNER.format(tests=str(Path(__file__).parent), markers=str(markers),
+                                               ladder=str(tiny_ladder), bases=[str(b) for b in bases[-2:]],
+                                               out=str(out)))
+    proc = subprocess.Popen([sys.executable, str(runner)], env=dict(os.environ, OMP_NUM_THREADS="1"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while len(list(markers.iterdir())) < 2:
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the workers never reached step 3"
+            time.sleep(0.2)
+        workers = [int(p.read_text()) for p in markers.iterdir()]
+        servers = {_ppid(w) for w in workers}
+        assert proc.pid not in workers and proc.pid not in servers  # forked by the server, not by the pilot
+        assert {_ppid(s) for s in servers} == {proc.pid}
+        os.kill(proc.pid, signal.SIGKILL)  # the pilot only, not its process group
+        proc.communicate(timeout=60)
+        deadline = time.monotonic() + 30
+        while any(Path(f"/proc/{p}").exists() and "zombie" not in Path(f"/proc/{p}/status").read_text().lower()
+                  for p in [*workers, *servers]):
+            assert time.monotonic() < deadline, f"workers {workers} / server {servers} still running"
+            time.sleep(0.2)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # whatever of the run is left (nothing, if it passed)
+            os.killpg(proc.pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.communicate()

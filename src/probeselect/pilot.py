@@ -663,7 +663,9 @@ class WorkerTraceback(Exception):
 #: What a pilot worker imports before it can train (torch, transformers' modelling and generation
 #: code, peft): the worker server (``forkserver``) imports them once, so a worker starts in a fraction
 #: of a second instead of importing them itself (about 2.5 s of CPU per worker on the CI-sized machine).
-WORKER_PRELOAD = ("probeselect.pilot", "transformers.modeling_utils", "transformers.generation", "peft")
+#: First :mod:`probeselect._worker_server`, which makes the server die with the pilot (Linux).
+WORKER_PRELOAD = ("probeselect._worker_server", "probeselect.pilot", "transformers.modeling_utils",
+                  "transformers.generation", "peft")
 
 #: Start methods a pilot's worker processes may use (``PROBESELECT_MP_START``).
 START_METHODS = ("forkserver", "spawn")
@@ -698,7 +700,7 @@ def worker_context(*, start: bool = False):
     if method == "forkserver":
         from multiprocessing import forkserver
 
-        ctx.set_forkserver_preload(["__main__", *WORKER_PRELOAD])
+        ctx.set_forkserver_preload([WORKER_PRELOAD[0], "__main__", *WORKER_PRELOAD[1:]])
         if start:
             forkserver.ensure_running()
     return ctx
@@ -707,7 +709,8 @@ def worker_context(*, start: bool = False):
 def _worker_init(blob: dict[str, Any]) -> None:
     """A pilot worker process: the parent's thread count and deterministic kernels, no progress
     bars; Ctrl-C is left to the parent (which stops the workers), and on Linux the worker gets
-    SIGTERM when the parent dies, so that no orphan goes on writing. A failure here is kept and
+    SIGTERM when the process that started it dies (the pilot, or the worker server, which dies with the
+    pilot: :mod:`probeselect._worker_server`), so that no orphan goes on writing. A failure here is kept and
     returned by every task of this worker (a pool would only say that the worker broke)."""
     import signal
     import sys
