@@ -290,6 +290,56 @@ def test_ctrl_c_stops_the_workers_and_a_rerun_resumes_to_the_same_numbers(two_pi
     pd.testing.assert_frame_equal(pd.read_csv(out / "transfer.csv"), want)
 
 
+_ENV_RUNNER = """
+import os, sys
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from probeselect.sft import _runbook
+
+_log = _runbook.RunBook.log
+
+
+def log_env(self, row):  # in each worker
+    _log(self, row)
+    Path({markers!r}, self.run_dir.parent.name).write_text(os.environ.get("PS_TEST_VALUE", "unset") + " " + os.getcwd())
+
+
+_runbook.RunBook.log = log_env
+
+if __name__ == "__main__":
+    from _sft_helpers import small_recipe
+    from probeselect.pilot import run_pilot, worker_context
+
+    worker_context(start=True)  # the server starts (and imports) with the variable unset, here
+    recipe = small_recipe(Path({ladder!r}), budget={{"optimizer_steps": 2}}, seeds=[0, 1])
+    os.environ["PS_TEST_VALUE"] = "set-after-the-server-started"
+    os.chdir({cwd!r})
+    run_pilot([Path(b) for b in {bases!r}], recipe, Path({out!r}), progress=False, device="cpu", jobs=2)
+"""
+
+
+def test_workers_see_the_pilots_environment_and_directory_not_the_servers(two_pilots, tiny_ladder, tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    res, recipe, bases, root = two_pilots
+    markers, cwd = tmp_path / "markers", tmp_path / "cwd"
+    markers.mkdir()
+    cwd.mkdir()
+    runner = tmp_path / "runner.py"
+    runner.write_text(_ENV_RUNNER.format(tests=str(Path(__file__).parent), markers=str(markers), cwd=str(cwd),
+                                         ladder=str(tiny_ladder), bases=[str(b) for b in bases[-2:]],
+                                         out=str(tmp_path / "p")))
+    env = {k: v for k, v in os.environ.items() if k != "PS_TEST_VALUE"}
+    done = subprocess.run([sys.executable, str(runner)], env=dict(env, OMP_NUM_THREADS="1"), capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = {p.name: p.read_text() for p in markers.iterdir()}
+    assert seen == {b.name: f"set-after-the-server-started {cwd}" for b in bases[-2:]}
+
+
 def _ppid(pid: int) -> int:
     from pathlib import Path
 

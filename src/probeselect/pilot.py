@@ -681,7 +681,10 @@ def worker_context(*, start: bool = False):
     from that state: a pilot's later stages (the confirmation after the pilot in ``probeselect run``)
     start their workers without importing anything. Both methods give a fresh process that has run no
     torch kernel; the workers set the pilot's thread count and deterministic kernels themselves, so the
-    numbers do not depend on the method (tests/test_pilot_jobs.py). ``start=True`` starts the server now
+    numbers do not depend on the method (tests/test_pilot_jobs.py). Each worker gets the pilot's current
+    working directory, ``sys.path`` and environment variables (``os.environ`` as the pilot has it when the
+    workers start; a variable that a library reads only when it is imported keeps the server's value).
+    ``start=True`` starts the server now
     (it then imports while this process goes on). A server started earlier by other code keeps its own
     preload list; workers then import what they need themselves.
     """
@@ -716,6 +719,9 @@ def _worker_init(blob: dict[str, Any]) -> None:
     import sys
 
     try:
+        if blob.get("environ") is not None:  # a forked worker has the server's; a spawned one the pilot's
+            os.environ.clear()
+            os.environ.update(blob["environ"])
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         if sys.platform.startswith("linux"):
             with contextlib.suppress(Exception):
@@ -780,7 +786,7 @@ def _run_bases_in_workers(pairs: "_Pairs", ckpts, jobs: int, threads: int, *, ev
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
 
-    blob = {"threads": threads, "evaluate_base": evaluate_base,
+    blob = {"threads": threads, "evaluate_base": evaluate_base, "environ": dict(os.environ),
             "pairs": {"out": pairs.out, "recipe": pairs.recipe, "ckpts": ckpts, "manifests": pairs.manifests,
                       "m_hashes": pairs.m_hashes, "t_hash": pairs.t_hash, "tokenizer": pairs.tokenizer,
                       "by_id": pairs.by_id, "pad_id": pairs.pad_id, "heldout": pairs.heldout,
