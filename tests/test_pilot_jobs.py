@@ -226,6 +226,32 @@ if __name__ == "__main__":
 """
 
 
+def _pilot_paused_in_both_workers(tiny_ladder, bases, out, tmp_path):
+    """A jobs=2 pilot of ``bases`` in a subprocess (its own process group), returned with the pids of its
+    two workers once both are paused at step 3 (states of step 2 on disk)."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    runner = tmp_path / "runner.py"  # a file, not -c: the workers' server re-imports it (and its patch)
+    runner.write_text(_INTERRUPT_RUNNER.format(tests=str(Path(__file__).parent), markers=str(markers),
+                                               ladder=str(tiny_ladder), bases=[str(b) for b in bases], out=str(out)))
+    proc = subprocess.Popen([sys.executable, str(runner)], env=dict(os.environ, OMP_NUM_THREADS="1"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 600
+    while len(list(markers.iterdir())) < 2:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+            pytest.fail(f"the workers never reached step 3: {proc.communicate()[1][-3000:]}")
+        time.sleep(0.2)
+    return proc, [int(p.read_text()) for p in markers.iterdir()]
+
+
 def test_ctrl_c_stops_the_workers_and_a_rerun_resumes_to_the_same_numbers(two_pilots, tiny_ladder, tmp_path):
     """Ctrl-C in a terminal (SIGINT to the whole process group) while both workers are mid-training:
     the pilot exits with its manifest saying interrupted, no worker process is left running, and a
@@ -233,27 +259,14 @@ def test_ctrl_c_stops_the_workers_and_a_rerun_resumes_to_the_same_numbers(two_pi
     one-process pilot (adapters, per-step logs, transfer rows)."""
     import os
     import signal
-    import subprocess
-    import sys
     import time
     from pathlib import Path
 
     res, recipe, bases, root = two_pilots
     bases = bases[-2:]
-    out, markers = tmp_path / "cut", tmp_path / "markers"
-    markers.mkdir()
-    runner = tmp_path / "runner.py"  # a file, not -c: spawned workers re-import it (and its patch)
-    runner.write_text(_INTERRUPT_RUNNER.format(tests=str(Path(__file__).parent), markers=str(markers),
-                                               ladder=str(tiny_ladder), bases=[str(b) for b in bases], out=str(out)))
-    proc = subprocess.Popen([sys.executable, str(runner)], env=dict(os.environ, OMP_NUM_THREADS="1"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    out = tmp_path / "cut"
+    proc, workers = _pilot_paused_in_both_workers(tiny_ladder, bases, out, tmp_path)
     try:
-        deadline = time.monotonic() + 600
-        while len(list(markers.iterdir())) < 2:
-            assert proc.poll() is None, proc.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, "the workers never reached step 3"
-            time.sleep(0.2)
-        workers = [int(p.read_text()) for p in markers.iterdir()]
         assert proc.pid not in workers and len(set(workers)) == 2  # two worker processes, not the parent
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=120)
@@ -340,6 +353,15 @@ def test_workers_see_the_pilots_environment_and_directory_not_the_servers(two_pi
     assert seen == {b.name: f"set-after-the-server-started {cwd}" for b in bases[-2:]}
 
 
+def _running(pid: int) -> bool:
+    from pathlib import Path
+
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
 def _ppid(pid: int) -> int:
     from pathlib import Path
 
@@ -353,35 +375,18 @@ def test_a_pilot_killed_with_sigkill_leaves_no_worker_or_server_behind(two_pilot
     import contextlib
     import os
     import signal
-    import subprocess
-    import sys
     import time
-    from pathlib import Path
 
     res, recipe, bases, root = two_pilots
-    out, markers = tmp_path / "killed", tmp_path / "markers"
-    markers.mkdir()
-    runner = tmp_path / "runner.py"
-    runner.write_text(_INTERRUPT_RUNNER.format(tests=str(Path(__file__).parent), markers=str(markers),
-                                               ladder=str(tiny_ladder), bases=[str(b) for b in bases[-2:]],
-                                               out=str(out)))
-    proc = subprocess.Popen([sys.executable, str(runner)], env=dict(os.environ, OMP_NUM_THREADS="1"),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc, workers = _pilot_paused_in_both_workers(tiny_ladder, bases[-2:], tmp_path / "killed", tmp_path)
     try:
-        deadline = time.monotonic() + 600
-        while len(list(markers.iterdir())) < 2:
-            assert proc.poll() is None, proc.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, "the workers never reached step 3"
-            time.sleep(0.2)
-        workers = [int(p.read_text()) for p in markers.iterdir()]
         servers = {_ppid(w) for w in workers}
         assert proc.pid not in workers and proc.pid not in servers  # forked by the server, not by the pilot
         assert {_ppid(s) for s in servers} == {proc.pid}
         os.kill(proc.pid, signal.SIGKILL)  # the pilot only, not its process group
         proc.communicate(timeout=60)
         deadline = time.monotonic() + 30
-        while any(Path(f"/proc/{p}").exists() and "zombie" not in Path(f"/proc/{p}/status").read_text().lower()
-                  for p in [*workers, *servers]):
+        while any(_running(p) for p in [*workers, *servers]):
             assert time.monotonic() < deadline, f"workers {workers} / server {servers} still running"
             time.sleep(0.2)
     finally:
