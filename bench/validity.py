@@ -112,6 +112,10 @@ def _run_cfg(config: Path, out: Path, seed: int, tiny: bool, curriculum: str | N
     # the validation schedules its own worker processes (--jobs): a pipeline inside one trains its
     # bases one at a time (pilot/confirm `jobs` changes no number, only how many processes run)
     ov += [f"{k}.jobs=1" for k in ("pilot", "confirm") if raw.get(k)]
+    # the pipeline measured here confirms the top N only: with `confirm.references` (the demos retrain the
+    # naive choices at confirmation, for the report) its pick could be the latest checkpoint whenever that wins
+    # the confirmation, so "pipeline" would partly be the "latest" selector it is compared with
+    ov += ["confirm.references=[]"] if raw.get("confirm") else []
     if tiny:
         ov += TINY_RUN
         # a 24-step model passes no capability floor or termination constraint: the smoke plan drops them

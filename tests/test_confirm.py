@@ -91,3 +91,110 @@ def test_cli_confirm(selected, monkeypatch, capsys):
     assert main(["confirm", str(selected), "--recipe", "recipes/confirm.yaml", "--top", "2", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "The pilot decision held" in out and "Kendall tau" in out
+
+
+def test_references_retrain_the_naive_choices_and_the_report_sets_them_against_the_top(tmp_path, monkeypatch):
+    """``references``: the latest checkpoint (piloted, 2nd) and the lowest-bpb one (never piloted) are
+    retrained next to the top 1 under the same recipe, ranked with it; confirm.json says which base
+    stands for which rule and how far the confirmation's top is ahead of each; the report's naive
+    bullet carries the confirmation-budget numbers."""
+    from _selection_fakes import make_selected_run
+
+    from probeselect.report import write_report
+
+    d = make_selected_run(tmp_path)
+    calls = []
+    truth = {"checkpoint-40": {"task_accuracy": 0.9, "termination": 0.9},
+             "checkpoint-60": {"task_accuracy": 0.5, "termination": 0.9},
+             "checkpoint-30": {"task_accuracy": 0.2, "termination": 0.9}}
+    monkeypatch.setattr(confirm_mod, "_load_pilot_fn", _fake_pilot(truth, calls))
+    res = confirm(d, "recipes/confirm.yaml", top=1, references=["latest", "lowest_bpb"])
+    assert [p.rsplit("/", 1)[-1] for p in calls[0]["bases"]] == ["checkpoint-40", "checkpoint-60", "checkpoint-30"]
+    js = json.loads((d / "confirm.json").read_text())
+    assert js["bases"] == ["checkpoint-40", "checkpoint-60", "checkpoint-30"]
+    assert js["references"] == {"latest": "checkpoint-60", "lowest_bpb": "checkpoint-30"}
+    assert js["config"]["references"] == ["latest", "lowest_bpb"]
+    naive = {n["base"]: n for n in js["naive"]}
+    assert set(naive) == {"checkpoint-60", "checkpoint-30"} and res.ranking.top == "checkpoint-40"
+    table = {r["base"]: r for r in js["confirm_table"]}
+    for b in naive:  # the naive rows are the confirmation table's own numbers
+        assert naive[b]["value"] == table[b]["value"] and naive[b]["diff_vs_top"] == table[b]["diff_vs_top"]
+        assert naive[b]["diff_vs_top"] > 0 and naive[b]["diff_vs_top_lo"] < naive[b]["diff_vs_top"]
+    assert naive["checkpoint-30"]["diff_vs_top"] > naive["checkpoint-60"]["diff_vs_top"]
+    # the never-piloted reference has no pilot value: Kendall tau is over the piloted bases only
+    assert set(js["pilot_values"]) == {"checkpoint-40", "checkpoint-60"} and res.kendall_tau == pytest.approx(1.0)
+    assert "The naive choice checkpoint-60 (the latest checkpoint): checkpoint-40 is ahead of it by" in res.statement
+    assert res.held is True  # the pilot's winner checkpoint-40 is still the best with the naive choices beside it
+    md = write_report(d).md.read_text()
+    line = next(ln for ln in md.splitlines() if ln.startswith("- **Against the naive choices**"))
+    assert ("`checkpoint-60` (the latest checkpoint) has task_accuracy" in line
+            and "`checkpoint-30` (the lowest pretraining held-out bits per byte) was not piloted; at the confirmation "
+                "budget it has" in line)
+    assert line.count("the confirmation's top `checkpoint-40` is ahead of it by") == 2
+    assert "did not retrain" not in line
+
+
+def test_a_naive_choice_that_wins_at_confirmation_is_named(tmp_path, monkeypatch):
+    """The latest checkpoint, behind in the pilot, comes first at the confirmation budget: the pick
+    is not confirmed, and the statement and the report say the naive choice is the best base there."""
+    from _selection_fakes import make_selected_run
+
+    from probeselect.report import write_report
+
+    d = make_selected_run(tmp_path)
+    truth = {"checkpoint-40": {"task_accuracy": 0.3, "termination": 0.9},
+             "checkpoint-60": {"task_accuracy": 0.95, "termination": 0.9}}
+    monkeypatch.setattr(confirm_mod, "_load_pilot_fn", _fake_pilot(truth, []))
+    res = confirm(d, "recipes/confirm.yaml", top=1, references=["latest"])
+    assert res.ranking.top == "checkpoint-60" and res.held is False
+    assert "The naive choice checkpoint-60 (the latest checkpoint) is the best base at the confirmation budget" \
+        in res.statement
+    line = next(ln for ln in write_report(d).md.read_text().splitlines()
+                if ln.startswith("- **Against the naive choices**"))
+    assert "the best of the confirmed bases" in line
+    # lowest_bpb was not asked for: the report says it was not retrained and how to retrain it
+    assert "the confirmation did not retrain `checkpoint-30`" in line and "--references latest lowest_bpb" in line
+
+
+def test_a_reference_among_the_top_n_is_not_retrained_twice(tmp_path, monkeypatch):
+    from _selection_fakes import make_selected_run
+
+    d = make_selected_run(tmp_path)
+    calls = []
+    truth = {b: {"task_accuracy": a, "termination": 0.9} for b, a in (("checkpoint-40", 0.9), ("checkpoint-60", 0.5))}
+    monkeypatch.setattr(confirm_mod, "_load_pilot_fn", _fake_pilot(truth, calls))
+    res = confirm(d, "recipes/confirm.yaml", top=2, references=["latest"])
+    assert [p.rsplit("/", 1)[-1] for p in calls[0]["bases"]] == ["checkpoint-40", "checkpoint-60"]
+    js = json.loads((d / "confirm.json").read_text())
+    assert js["references"] == {"latest": "checkpoint-60"} and [n["base"] for n in js["naive"]] == ["checkpoint-60"]
+    assert any("checkpoint-60 is among the top 2 already" in n for n in js["notes"])
+    assert res.kendall_tau == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("refs", [["newest"], ["latest", "latest"]])
+def test_unknown_or_repeated_references_are_refused_before_training(selected, monkeypatch, refs):
+    calls = []
+    monkeypatch.setattr(confirm_mod, "_load_pilot_fn", _fake_pilot({}, calls))
+    with pytest.raises(SelectionError, match="distinct naive choices from \\['latest', 'lowest_bpb'\\]"):
+        confirm(selected, "recipes/confirm.yaml", references=refs)
+    assert calls == [] and not (selected / "confirm.json").exists()
+
+
+def test_cli_confirm_references(tmp_path, monkeypatch, capsys):
+    from _selection_fakes import make_selected_run
+
+    from probeselect._select_cli import CONFIRM_REFERENCES
+    from probeselect.plan import REFERENCES
+
+    assert CONFIRM_REFERENCES == REFERENCES
+    d = make_selected_run(tmp_path)
+    calls = []
+    truth = {b: {"task_accuracy": a, "termination": 0.9}
+             for b, a in (("checkpoint-40", 0.9), ("checkpoint-60", 0.5), ("checkpoint-30", 0.4))}
+    monkeypatch.setattr(confirm_mod, "_load_pilot_fn", _fake_pilot(truth, calls))
+    assert main(["confirm", str(d), "--recipe", "recipes/confirm.yaml", "--top", "1", "--references", "lowest_bpb",
+                 "--no-progress"]) == 0
+    assert [p.rsplit("/", 1)[-1] for p in calls[0]["bases"]] == ["checkpoint-40", "checkpoint-30"]
+    assert "The naive choice checkpoint-30 (the lowest held-out bpb)" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["confirm", str(d), "--recipe", "recipes/confirm.yaml", "--references", "newest"])

@@ -111,6 +111,13 @@ def test_config_errors(tmp_path):
         with pytest.raises(RunConfigError, match="confirm.jobs must be an integer >= 1"):
             load_run_config(REPO / "recipes" / "demo.yaml", ["out=/tmp/x", f"confirm.jobs={bad}"])
     assert load_run_config(REPO / "recipes" / "demo.yaml", ["out=/tmp/x", "pilot.jobs=3"])["pilot"]["jobs"] == 3
+    for bad in ("[newest]", "[latest, latest]", "latest"):
+        with pytest.raises(RunConfigError, match=r"confirm.references must be a list of distinct naive choices"):
+            load_run_config(REPO / "recipes" / "demo.yaml", ["out=/tmp/x", f"confirm.references={bad}"])
+    with pytest.raises(RunConfigError, match=r"unknown key pilot.'references'"):  # the pilot's come from the plan
+        load_run_config(REPO / "recipes" / "demo.yaml", ["out=/tmp/x", "pilot.references=[latest]"])
+    assert load_run_config(REPO / "recipes" / "demo.yaml", ["out=/tmp/x", "confirm.references=[lowest_bpb, latest]"]
+                           )["confirm"]["references"] == ["lowest_bpb", "latest"]
     cfg = load_run_config(REPO / "recipes" / "demo.yaml", ["out=/tmp/x"])
     assert cfg["_paths"]["ladder"] == "/tmp/x/ladder" and "{ladder}" not in json.dumps(cfg)
 
@@ -158,6 +165,18 @@ def test_run_skips_up_to_date_stages_and_marks_post_hoc(tmp_path, tiny_ladder, f
     (run / "confirm.json").unlink()
     res3b = run_pipeline(cfg, progress=False, log=lambda m: None)
     assert [s.name for s in res3b.stages if s.status == "ran"] == ["confirm", "report"]
+    # confirm.references: the ladder's latest checkpoint is retrained next to the top 2 (a changed
+    # confirmation config reruns the confirmation and the report, nothing upstream)
+    latest = max((p.name for p in Path(tiny_ladder).glob("checkpoint-*")), key=lambda n: int(n.split("-")[1]))
+    n_calls = len(fake_pilot)
+    res3c = run_pipeline(cfg, overrides=["confirm.references=[latest]"], progress=False, log=lambda m: None)
+    assert [s.name for s in res3c.stages if s.status == "ran"] == ["confirm", "report"]
+    conf = json.loads((run / "confirm.json").read_text())
+    assert conf["references"] == {"latest": latest} and latest in fake_pilot[n_calls][0]
+    assert fake_pilot[n_calls][0][:2] == fake_pilot[1][0] and len(fake_pilot[n_calls][0]) == 2 + (latest not in fake_pilot[1][0])
+    assert f"`{latest}` (the latest checkpoint" in (run / "report.md").read_text()
+    (run / "confirm.json").unlink()
+    run_pipeline(cfg, progress=False, log=lambda m: None)  # back to the top 2 only
 
     # the plan edited after the lock: shortlist reruns, the lock is kept, select stops POST-HOC
     plan = tmp_path / "plan.yaml"

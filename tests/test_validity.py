@@ -324,6 +324,11 @@ def test_curriculum_reaches_the_pipeline_config_and_names_its_folder():
     assert cfg["ladder"]["toy"] == {"seed": 3, "curriculum": "late-harm"}
     _ov, cfg = mod._run_cfg(REPO / "recipes" / "demo.yaml", Path("/tmp/x/seed3"), 3, False)
     assert "curriculum" not in cfg["ladder"]["toy"]
+    # the validated pipeline confirms the top N only, whatever the demo's confirm.references say
+    from probeselect._yaml import load_yaml
+
+    assert load_yaml(REPO / "recipes" / "demo.yaml")["confirm"]["references"] and cfg["confirm"]["references"] == []
+    assert cfg["confirm"]["jobs"] == 1 and cfg["pilot"]["jobs"] == 1
     st = mod._settings(REPO / "recipes" / "demo.yaml", False, 2, curriculum="uniform")
     assert mod._cfg(st, Path("/tmp/x"), 1)["ladder"]["toy"]["curriculum"] == "uniform"
     assert mod.curriculum_dirname("late-harm") == "late-harm"

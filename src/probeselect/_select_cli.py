@@ -13,6 +13,9 @@ import sys
 
 from ._cli_common import DEVICE_HELP, check_device
 
+#: probeselect.plan.REFERENCES, spelled out so that ``--help`` does not import pandas (a test keeps them equal).
+CONFIRM_REFERENCES = ("latest", "lowest_bpb")
+
 
 def _fmt(x) -> str:
     return "n/a" if x is None or x != x else f"{x:.4g}"
@@ -74,7 +77,7 @@ def _cmd_confirm(args: argparse.Namespace) -> int:
 
     check_device(args.device)
     res = confirm(args.run_dir, args.recipe, top=args.top, overrides=args.overrides,
-                  progress=not args.no_progress, device=args.device, jobs=args.jobs)
+                  progress=not args.no_progress, device=args.device, jobs=args.jobs, references=args.references)
     print(res.statement)
     print(f"Kendall tau (pilot vs confirmation): {_fmt(res.kendall_tau)}; reversals: {len(res.reversals)}")
     print(f"confirmation: {res.json_path}")
@@ -133,6 +136,10 @@ def add_parsers(sub) -> None:
                    help="the scored run folder holding selection.json (from `probeselect select`) and pilot/")
     c.add_argument("--recipe", required=True, help="confirmation recipe, e.g. recipes/confirm.yaml")
     c.add_argument("--top", type=int, default=2, help="how many pilot bases to confirm (default 2)")
+    c.add_argument("--references", nargs="+", default=[], choices=CONFIRM_REFERENCES, metavar="RULE",
+                   help="also retrain these naive choices next to the top N: latest (the ladder's latest "
+                        "checkpoint), lowest_bpb (lowest pretraining held-out bits per byte); the confirmation then "
+                        "compares the pick with them at the intended budget")
     c.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides (dotted keys)")
     c.add_argument("--device", default="auto", help=DEVICE_HELP)
     c.add_argument("--jobs", default=None, metavar="N",

@@ -12,6 +12,15 @@ same plan (primary metric, constraints, bootstrap, tie margin) and writes
 * ``reversals``: every pair whose order flipped, named with both values at both budgets;
 * ``held``: whether the pilot decision held: the pilot's recommended base is also the
   best eligible base at confirmation. ``None`` when the pilot named no winner.
+
+``references=("latest", "lowest_bpb")`` also retrains the naive choices (the ladder's latest
+checkpoint, the one of lowest pretraining held-out bits per byte: :func:`naive_choices`, the same
+checkpoints the report names "against the naive choices") when they are not among the top N, under
+the same recipe and data manifests, and ranks them with the rest: the confirmation then says
+whether the pick beats "post-train the latest checkpoint" at the intended budget, which a pilot
+that did not train the latest (or trained it at the pilot budget only) cannot. ``confirm.json``
+records ``references`` (rule -> checkpoint) and ``naive`` (each naive base's value, interval and
+difference to the confirmation's top, with its interval).
 """
 
 from __future__ import annotations
@@ -26,10 +35,10 @@ import numpy as np
 from ._io import atomic_write_json, canonical_json_hash, sha256_file
 from .errors import SelectionError
 from .manifest import base_manifest
-from .plan import selection_spec_from_dict
+from .plan import REFERENCES, selection_spec_from_dict
 from .select import Ranking, load_pilot_tables, rank_bases, records
 
-__all__ = ["ConfirmResult", "confirm", "compare_rankings", "base_paths"]
+__all__ = ["ConfirmResult", "confirm", "compare_rankings", "base_paths", "naive_choices"]
 
 
 @dataclass
@@ -72,6 +81,48 @@ def base_paths(run_dir: Path, names: Sequence[str]) -> list[Path]:
     return [found[n] for n in names]
 
 
+def naive_choices(run_dir: Path) -> dict[str, list[str]]:
+    """The naive choices of a scored run, checkpoint -> the rules it stands for (in
+    :data:`probeselect.plan.REFERENCES` order): ``latest``, the checkpoint of the highest step in
+    ``manifest.json``; ``lowest_bpb``, the checkpoint of lowest pretraining held-out bits per byte in
+    ``summary.csv`` (:func:`probeselect.dynamics.lowest_heldout_bpb`). A rule without the value it needs
+    (no steps, no held-out loss) is absent."""
+    import pandas as pd
+
+    from .dynamics import lowest_heldout_bpb
+
+    run_dir = Path(run_dir)
+    out: dict[str, list[str]] = {}
+    man = run_dir / "manifest.json"
+    if man.is_file():
+        steps = {str(c["name"]): float(c["step"]) for c in json.loads(man.read_text(encoding="utf-8")).get("checkpoints", [])
+                 if isinstance(c, dict) and c.get("name") is not None and c.get("step") is not None}
+        if steps:
+            out.setdefault(max(steps, key=lambda n: steps[n]), []).append("latest")
+    summ = run_dir / "summary.csv"
+    lowest = lowest_heldout_bpb(pd.read_csv(summ)) if summ.is_file() else None
+    if lowest is not None:
+        out.setdefault(lowest.checkpoint, []).append("lowest_bpb")
+    return out
+
+
+def _naive_rows(table: list[dict[str, Any]], refs: dict[str, list[str]], top: str | None) -> list[dict[str, Any]]:
+    """Per confirmed naive base: its rules, value and interval, and the difference of the
+    confirmation's top to it with its interval (None for the top itself)."""
+    rows = {r["base"]: r for r in table}
+    out = []
+    for base, rules in refs.items():
+        r = rows.get(base)
+        if r is None:
+            continue
+        out.append({"base": base, "rules": rules, "is_top": base == top, "eligible": r.get("eligible"),
+                    "value": r.get("value"),
+                    "ci_lo": r.get("ci_lo"), "ci_hi": r.get("ci_hi"),
+                    **{k: (None if base == top else r.get(k)) for k in ("diff_vs_top", "diff_vs_top_lo",
+                                                                       "diff_vs_top_hi")}})
+    return out
+
+
 def compare_rankings(pilot: dict[str, float], confirm: dict[str, float], direction: str
                      ) -> tuple[float | None, list[dict[str, Any]]]:
     """Kendall tau-b of the two value sets (oriented) and every reversed pair, pilot order first."""
@@ -95,12 +146,13 @@ def compare_rankings(pilot: dict[str, float], confirm: dict[str, float], directi
 
 def confirm(run_dir: str | Path, recipe: str | Path, *, top: int = 2, overrides: Sequence[str] = (),
             out_dir: str | Path | None = None, progress: bool = True, device: str = "auto",
-            jobs: int | None = None) -> ConfirmResult:
+            jobs: int | None = None, references: Sequence[str] = ()) -> ConfirmResult:
     """Retrain the top ``top`` pilot bases under ``recipe`` and check the pilot decision.
 
     Needs ``run_dir/selection.json`` (``probeselect select``). Writes ``run_dir/confirm/``
     (pilot layout) and ``run_dir/confirm.json``; see the module docstring. ``jobs``: bases
     retrained at once (CPU worker processes; see :func:`probeselect.pilot.resolve_jobs`).
+    ``references``: naive choices (``latest``, ``lowest_bpb``) retrained next to the top N.
     """
     run_dir = Path(run_dir)
     sel_path = run_dir / "selection.json"
@@ -108,6 +160,11 @@ def confirm(run_dir: str | Path, recipe: str | Path, *, top: int = 2, overrides:
         raise SelectionError(f"{sel_path}: no selection yet; run `probeselect select {run_dir}` first.")
     if top < 1:
         raise SelectionError(f"--top must be >= 1, got {top}.")
+    references = list(references or [])
+    bad = [r for r in references if r not in REFERENCES]
+    if bad or len(set(references)) != len(references):
+        raise SelectionError(f"confirmation references must be distinct naive choices from {list(REFERENCES)}; "
+                             f"got {references!r}.")
     sel = json.loads(sel_path.read_text(encoding="utf-8"))
     spec = selection_spec_from_dict(sel["selection_plan"], source=str(sel_path))
     ranked = [b["base"] for b in sel["bases"]]
@@ -115,6 +172,24 @@ def confirm(run_dir: str | Path, recipe: str | Path, *, top: int = 2, overrides:
     if len(ranked) < top:
         notes.append(f"only {len(ranked)} piloted bases; confirming all of them (asked for {top}).")
     chosen = ranked[:top]
+    refs: dict[str, list[str]] = {}
+    if references:
+        for base, rules in naive_choices(run_dir).items():
+            rules = [r for r in rules if r in references]
+            if not rules:
+                continue
+            refs[base] = rules
+            what = " and ".join(rules)
+            if base in chosen:
+                notes.append(f"reference {what}: {base} is among the top {top} already.")
+            else:
+                chosen.append(base)
+                notes.append(f"reference {what}: {base} is retrained next to the top {top} (the naive choice the pick "
+                             "must beat, at the confirmation budget under the same matched SFT).")
+        for r in references:
+            if not any(r in rules for rules in refs.values()):
+                notes.append(f"reference {r}: the run has no value it needs (checkpoint steps in manifest.json, "
+                             "held-out bits per byte in summary.csv); not retrained.")
     if len(chosen) < 2:
         notes.append("one base confirmed: there is no ranking to compare, only whether it still passes the constraints.")
     out = Path(out_dir) if out_dir is not None else run_dir / "confirm"
@@ -124,7 +199,7 @@ def confirm(run_dir: str | Path, recipe: str | Path, *, top: int = 2, overrides:
 
     tables = load_pilot_tables(out)
     ranking = rank_bases(tables, spec, bases=chosen)
-    pilot_vals = {b["base"]: b["value"] for b in sel["bases"] if b["base"] in chosen}
+    pilot_vals = {b["base"]: b["value"] for b in sel["bases"] if b["base"] in chosen and b.get("value") is not None}
     conf_vals = ranking.table.set_index("base")["value"].to_dict()
     tau, rev = compare_rankings(pilot_vals, conf_vals, spec.direction)
     dec = sel["decision"]
@@ -143,18 +218,32 @@ def confirm(run_dir: str | Path, recipe: str | Path, *, top: int = 2, overrides:
                      f"{'still' if held else 'no longer'} the best eligible base at the confirmation budget"
                      + ("" if held else f" ({ranking.top or 'no base'} is)") +
                      f"; confirmation verdict: {ranking.verdict.replace('_', ' ')}.")
+    naive = _naive_rows(records(ranking.table), refs, ranking.top)
+    for n in naive:
+        what = " and ".join({"latest": "the latest checkpoint", "lowest_bpb": "the lowest held-out bpb"}[r]
+                            for r in n["rules"])
+        if n["is_top"]:
+            statement += f" The naive choice {n['base']} ({what}) is the best base at the confirmation budget."
+        elif n["diff_vs_top"] is not None:
+            statement += (f" The naive choice {n['base']} ({what}): {ranking.top} is ahead of it by "
+                          f"{n['diff_vs_top']:.3g} (interval {n['diff_vs_top_lo']:.3g} to {n['diff_vs_top_hi']:.3g}).")
+        elif n["eligible"] is False:
+            statement += f" The naive choice {n['base']} ({what}) fails a constraint at the confirmation budget."
     if rev:
         statement += " Reversals: " + "; ".join(f"{r['pilot_ahead']} was ahead of {r['confirm_ahead']} in the pilot "
                                                 f"but behind at confirmation" for r in rev) + "."
     recipe_sha = sha256_file(Path(recipe)) if Path(recipe).is_file() else None
     rec = base_manifest("confirm", {"run_dir": str(run_dir), "recipe": str(recipe), "overrides": list(overrides),
-                                    "top": top, "out_dir": str(out)})
+                                    "top": top, "out_dir": str(out),
+                                    **({"references": references} if references else {})})
     rec.update(
         recipe_sha256=recipe_sha,
         recipe_key=canonical_json_hash({"recipe": recipe_sha, "overrides": list(overrides)}),
         selection_sha256=sha256_file(sel_path),
         post_hoc=bool(sel.get("post_hoc")),
         bases=chosen,
+        references={r: b for b, rules in refs.items() for r in rules},
+        naive=naive,
         pilot_values=pilot_vals,
         confirm_values=conf_vals,
         primary={"metric": spec.primary, "direction": spec.direction},

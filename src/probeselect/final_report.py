@@ -205,39 +205,59 @@ def floor_ceiling(transfer: pd.DataFrame | None) -> list[dict[str, Any]]:
     return out
 
 
-def _naive_bullet(sel: dict, run_dir: Path, metric: str, level: float) -> str | None:
-    """The naive choices (the latest checkpoint, the lowest pretraining held-out bpb) against the
-    top base: their piloted transfer and difference to the top, or that they were not piloted."""
-    from ._front_page import _steps
-    from .dynamics import lowest_heldout_bpb
+_NAIVE_WORDS = {"latest": "the latest checkpoint", "lowest_bpb": "the lowest pretraining held-out bits per byte"}
 
-    manifest = _read_json(run_dir / "manifest.json")
-    steps = _steps(manifest)
-    lowest = lowest_heldout_bpb(_read_csv(run_dir / "summary.csv"))
-    naive: dict[str, list[str]] = {}
-    if steps:
-        naive.setdefault(max(steps, key=lambda n: steps[n]), []).append("the latest checkpoint")
-    if lowest is not None:
-        naive.setdefault(lowest.checkpoint, []).append("the lowest pretraining held-out bits per byte")
+
+def _naive_bullet(sel: dict, run_dir: Path, metric: str, level: float, conf: dict | None = None) -> str | None:
+    """The naive choices (the latest checkpoint, the lowest pretraining held-out bpb:
+    :func:`probeselect.confirm.naive_choices`) against the top base: their piloted transfer and
+    difference to the top, or that they were not piloted; and, where the confirmation retrained them
+    (``confirm.references``), the same at the confirmation budget against its top."""
+    from .confirm import naive_choices
+
+    naive = naive_choices(run_dir)
     if not naive:
         return None
     bases = {b["base"]: b for b in sel["bases"]}
     top = sel["decision"].get("top")
-    parts = []
-    for c, what in naive.items():
-        who = f"`{c}` ({' and '.join(what)})"
+    conf_rows = {r["base"]: r for r in (conf or {}).get("confirm_table") or []}
+    conf_top = ((conf or {}).get("confirm_decision") or {}).get("top")
+    parts, unconfirmed = [], []
+    for c, rules in naive.items():
+        who = f"`{c}` ({' and '.join(_NAIVE_WORDS[r] for r in rules)})"
         b = bases.get(c)
-        if b is None:
-            parts.append(f"{who} was not piloted, so its transfer is unknown (the plan's `references: [latest, "
-                         "lowest_bpb]` pilots it next to the shortlist)")
+        n = conf_rows.get(c)
+        if b is None and n is not None:
+            part = f"{who} was not piloted"
+        elif b is None:
+            part = (f"{who} was not piloted, so its transfer is unknown (the plan's `references: [latest, "
+                    "lowest_bpb]` pilots it next to the shortlist)")
         elif c == top:
-            parts.append(f"{who} is the top base ({metric} {_g(b.get('value'))})")
+            part = f"{who} is the top base ({metric} {_g(b.get('value'))})"
         else:
             d = (f"; the top `{top}` is ahead of it by {_g(b.get('diff_vs_top'))} ({_pct(level)} interval "
                  f"{_g(b.get('diff_vs_top_lo'))} to {_g(b.get('diff_vs_top_hi'))}; an interval reaching below 0 does "
                  "not rule out the naive choice)" if b.get("diff_vs_top") is not None else "")
-            parts.append(f"{who} has {metric} {_g(b.get('value'))} ({_pct(level)} interval {_g(b.get('ci_lo'))} to "
-                         f"{_g(b.get('ci_hi'))}){d}")
+            part = (f"{who} has {metric} {_g(b.get('value'))} ({_pct(level)} interval {_g(b.get('ci_lo'))} to "
+                    f"{_g(b.get('ci_hi'))}){d}")
+        if n is not None:
+            at = (f"at the confirmation budget it has {_g(n.get('value'))} ({_pct(level)} interval {_g(n.get('ci_lo'))} "
+                  f"to {_g(n.get('ci_hi'))})")
+            if c == conf_top:
+                at += ", the best of the confirmed bases"
+            elif n.get("diff_vs_top") is not None:
+                at += (f" and the confirmation's top `{conf_top}` is ahead of it by {_g(n.get('diff_vs_top'))} "
+                       f"({_g(n.get('diff_vs_top_lo'))} to {_g(n.get('diff_vs_top_hi'))})")
+            elif n.get("eligible") is False:
+                at += ", failing a constraint"
+            part += "; " + at
+        elif conf is not None:
+            unconfirmed.append(c)
+        parts.append(part)
+    if unconfirmed:
+        parts.append(f"the confirmation did not retrain {', '.join(f'`{c}`' for c in unconfirmed)} "
+                     "(`confirm.references: [latest, lowest_bpb]` in the run config, or `probeselect confirm "
+                     "--references latest lowest_bpb`, retrains the naive choices at the intended budget)")
     return "**Against the naive choices**: " + "; ".join(parts) + "."
 
 
@@ -360,7 +380,7 @@ def _decision_section(sel: dict, conf: dict | None, diag: pd.DataFrame | None,
             items.append(f"**Confirmation** (the pilot named no winner, so there was no pick to confirm): {there}."
                          + (" A winner found only at the confirmation budget is a new, unreplicated result."
                             if cs.confirm_verdict in _WINNING else "") + tail)
-    naive = _naive_bullet(sel, run_dir, metric, level)
+    naive = _naive_bullet(sel, run_dir, metric, level, conf)
     if naive:
         items.append(naive)
     items.extend(_run_correctness(sel, diag, conf_diag))

@@ -16,7 +16,8 @@ Stages, in order (``OUT`` = the config's ``out``; ``RUN`` = ``OUT/score``)::
     shortlist  RUN/shortlist.csv, shortlist.json (the plan's shortlist part)
     pilot      matched pilot SFT + transfer of the shortlist -> RUN/pilot/
     select     RUN/selection.json, selection.csv
-    confirm    top N retrained with the confirmation recipe -> RUN/confirm/, RUN/confirm.json
+    confirm    top N (and `confirm.references`, the naive choices) retrained with the confirmation
+               recipe -> RUN/confirm/, RUN/confirm.json
     report     RUN/report.md, RUN/report.html
 
 Resumable: ``OUT/run_state.json`` records, per stage, a hash of its inputs (its config
@@ -202,10 +203,19 @@ def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str
             raise RunConfigError(f"{src}: `{k}:` must be a mapping with `recipe:` (and optional overrides{', top' if k == 'confirm' else ''}).")
         if not isinstance(v.get("overrides", []) or [], list):
             raise RunConfigError(f"{src}: {k}.overrides must be a list of key=value strings.")
-        known = ("recipe", "overrides", "jobs") + (("top",) if k == "confirm" else ())
+        known = ("recipe", "overrides", "jobs") + (("top", "references") if k == "confirm" else ())
         for key in v:
             if key not in known:
                 raise RunConfigError(f"{src}: unknown key {k}.{key!r}; `{k}:` takes {', '.join(known)}.")
+        refs = v.get("references") if k == "confirm" else None
+        if refs is not None:
+            from .plan import REFERENCES
+
+            if (not isinstance(refs, list) or any(r not in REFERENCES for r in refs)
+                    or len(set(map(str, refs))) != len(refs)):
+                raise RunConfigError(f"{src}: confirm.references must be a list of distinct naive choices from "
+                                     f"{list(REFERENCES)} (retrained next to the top N at the confirmation budget); "
+                                     f"got {refs!r}.")
         j = v.get("jobs")
         if j is not None and (isinstance(j, bool) or not isinstance(j, int) or j < 1):
             raise RunConfigError(f"{src}: {k}.jobs must be an integer >= 1 (bases trained at once in CPU worker "
@@ -489,7 +499,7 @@ class _Pipeline:
         conf_cfg = self.conf_cfg
         res = confirm(self.run, conf_cfg["recipe"], top=int(conf_cfg.get("top", 2)),
                       overrides=conf_cfg.get("overrides") or [], progress=self.progress, device=self.device,
-                      jobs=self._jobs("confirm", conf_cfg))
+                      jobs=self._jobs("confirm", conf_cfg), references=conf_cfg.get("references") or ())
         return res.statement
 
     def do_report(self) -> str:
