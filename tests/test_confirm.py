@@ -198,3 +198,27 @@ def test_cli_confirm_references(tmp_path, monkeypatch, capsys):
     assert "The naive choice checkpoint-30 (the lowest held-out bpb)" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["confirm", str(d), "--recipe", "recipes/confirm.yaml", "--references", "newest"])
+
+
+def test_references_with_one_confirmation_seed_have_no_interval_and_do_not_crash(tmp_path, monkeypatch):
+    """One SFT seed at confirmation: the lead over a naive choice has no interval (NaN bounds become
+    None in confirm.json); the statement says so instead of failing after the training."""
+    from _selection_fakes import make_selected_run
+
+    from probeselect.report import write_report
+
+    d = make_selected_run(tmp_path)
+    truth = {"checkpoint-40": {"task_accuracy": 0.9, "termination": 0.9},
+             "checkpoint-60": {"task_accuracy": 0.4, "termination": 0.9}}
+
+    def run_pilot(bases, recipe, out_dir, *, progress=True, device="auto", overrides=()):
+        write_fake_pilot(out_dir, {b.name: truth[b.name] for b in bases}, seeds=(0,), rng_seed=1)
+
+    monkeypatch.setattr(confirm_mod, "_load_pilot_fn", lambda: run_pilot)
+    res = confirm(d, "recipes/confirm.yaml", top=1, references=["latest"])
+    n = json.loads((d / "confirm.json").read_text())["naive"][0]
+    assert n["base"] == "checkpoint-60" and n["diff_vs_top"] > 0 and n["diff_vs_top_lo"] is None
+    assert "checkpoint-40 is ahead of it by" in res.statement and "(no interval: one SFT seed)" in res.statement
+    md = write_report(d).md.read_text()
+    assert "top 1 pilot bases, plus `checkpoint-60` (the latest checkpoint, a naive choice)." in md  # beyond the top 1
+    assert "Kendall tau between pilot and confirmation rankings of 2 bases" in md

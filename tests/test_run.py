@@ -165,18 +165,29 @@ def test_run_skips_up_to_date_stages_and_marks_post_hoc(tmp_path, tiny_ladder, f
     (run / "confirm.json").unlink()
     res3b = run_pipeline(cfg, progress=False, log=lambda m: None)
     assert [s.name for s in res3b.stages if s.status == "ran"] == ["confirm", "report"]
-    # confirm.references: the ladder's latest checkpoint is retrained next to the top 2 (a changed
-    # confirmation config reruns the confirmation and the report, nothing upstream)
+    # confirm.references: the ladder's latest checkpoint and the lowest-bpb one are retrained next to the top 2
+    # (a changed confirmation config reruns the confirmation and the report, nothing upstream)
     latest = max((p.name for p in Path(tiny_ladder).glob("checkpoint-*")), key=lambda n: int(n.split("-")[1]))
     n_calls = len(fake_pilot)
-    res3c = run_pipeline(cfg, overrides=["confirm.references=[latest]"], progress=False, log=lambda m: None)
+    res3c = run_pipeline(cfg, overrides=["confirm.references=[latest, lowest_bpb]"], progress=False,
+                         log=lambda m: None)
     assert [s.name for s in res3c.stages if s.status == "ran"] == ["confirm", "report"]
     conf = json.loads((run / "confirm.json").read_text())
-    assert conf["references"] == {"latest": latest} and latest in fake_pilot[n_calls][0]
-    assert fake_pilot[n_calls][0][:2] == fake_pilot[1][0] and len(fake_pilot[n_calls][0]) == 2 + (latest not in fake_pilot[1][0])
-    assert f"`{latest}` (the latest checkpoint" in (run / "report.md").read_text()
+    refs = conf["references"]
+    assert refs["latest"] == latest and set(refs) == {"latest", "lowest_bpb"}
+    extra = [b for b in dict.fromkeys(refs.values()) if b not in fake_pilot[1][0]]
+    assert fake_pilot[n_calls][0] == fake_pilot[1][0] + extra
+    naive_line = next(ln for ln in (run / "report.md").read_text().splitlines() if "Against the naive choices" in ln)
+    assert f"`{latest}` (the latest checkpoint" in naive_line and "at the confirmation budget it has" in naive_line
+    # the same references in another order are the same inputs: nothing reruns
+    res3d = run_pipeline(cfg, overrides=["confirm.references=[lowest_bpb, latest]"], progress=False,
+                         log=lambda m: None)
+    assert [s.name for s in res3d.stages if s.status == "ran"] == [] and len(fake_pilot) == n_calls + 1
     (run / "confirm.json").unlink()
     run_pipeline(cfg, progress=False, log=lambda m: None)  # back to the top 2 only
+    n_calls = len(fake_pilot)
+    res3e = run_pipeline(cfg, overrides=["confirm.references=[]"], progress=False, log=lambda m: None)
+    assert [s.name for s in res3e.stages if s.status == "ran"] == [] and len(fake_pilot) == n_calls  # [] = none
 
     # the plan edited after the lock: shortlist reruns, the lock is kept, select stops POST-HOC
     plan = tmp_path / "plan.yaml"

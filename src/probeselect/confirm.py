@@ -225,8 +225,10 @@ def confirm(run_dir: str | Path, recipe: str | Path, *, top: int = 2, overrides:
         if n["is_top"]:
             statement += f" The naive choice {n['base']} ({what}) is the best base at the confirmation budget."
         elif n["diff_vs_top"] is not None:
-            statement += (f" The naive choice {n['base']} ({what}): {ranking.top} is ahead of it by "
-                          f"{n['diff_vs_top']:.3g} (interval {n['diff_vs_top_lo']:.3g} to {n['diff_vs_top_hi']:.3g}).")
+            lo, hi = n["diff_vs_top_lo"], n["diff_vs_top_hi"]
+            iv = (f" (interval {lo:.3g} to {hi:.3g})" if lo is not None and hi is not None
+                  else " (no interval: one SFT seed)")
+            statement += f" The naive choice {n['base']} ({what}): {ranking.top} is ahead of it by {n['diff_vs_top']:.3g}{iv}."
         elif n["eligible"] is False:
             statement += f" The naive choice {n['base']} ({what}) fails a constraint at the confirmation budget."
     if rev:

@@ -208,6 +208,22 @@ def floor_ceiling(transfer: pd.DataFrame | None) -> list[dict[str, Any]]:
 _NAIVE_WORDS = {"latest": "the latest checkpoint", "lowest_bpb": "the lowest pretraining held-out bits per byte"}
 
 
+def _confirmed_naive(conf: dict) -> dict[str, list[str]]:
+    """``confirm.json``'s ``references`` (rule -> checkpoint) as checkpoint -> rules."""
+    out: dict[str, list[str]] = {}
+    for rule, base in (conf.get("references") or {}).items():
+        out.setdefault(str(base), []).append(str(rule))
+    return out
+
+
+def _added_naive(conf: dict) -> str:
+    """", plus `b` (the latest checkpoint, a naive choice)" for each naive base retrained beyond the top N."""
+    naive = _confirmed_naive(conf)
+    top = int(conf.get("config", {}).get("top") or 0)
+    return "".join(f", plus `{b}` ({' and '.join(_NAIVE_WORDS.get(r, r) for r in naive[b])}, a naive choice)"
+                   for b in (conf.get("bases") or [])[top:] if b in naive)
+
+
 def _naive_bullet(sel: dict, run_dir: Path, metric: str, level: float, conf: dict | None = None) -> str | None:
     """The naive choices (the latest checkpoint, the lowest pretraining held-out bpb:
     :func:`probeselect.confirm.naive_choices`) against the top base: their piloted transfer and
@@ -215,7 +231,12 @@ def _naive_bullet(sel: dict, run_dir: Path, metric: str, level: float, conf: dic
     (``confirm.references``), the same at the confirmation budget against its top."""
     from .confirm import naive_choices
 
-    naive = naive_choices(run_dir)
+    rule_to_ckpt = {r: c for c, rules in naive_choices(run_dir).items() for r in rules}
+    rule_to_ckpt.update((conf or {}).get("references") or {})  # the confirmation's own record wins for its rules
+    naive: dict[str, list[str]] = {}
+    for r in _NAIVE_WORDS:
+        if r in rule_to_ckpt:
+            naive.setdefault(str(rule_to_ckpt[r]), []).append(r)
     if not naive:
         return None
     bases = {b["base"]: b for b in sel["bases"]}
@@ -366,7 +387,8 @@ def _decision_section(sel: dict, conf: dict | None, diag: pd.DataFrame | None,
         items.append("**Confirmation**: not run. Confirm at the intended budget before committing "
                      f"({_confirm_command(run_dir, 2)}).")
     else:
-        tail = (f" Kendall tau between pilot and confirmation rankings of {len(conf.get('bases', []))} bases: "
+        tail = (f" Kendall tau between pilot and confirmation rankings of {len(conf.get('pilot_values') or {})} "
+                "bases: "
                 f"{_g(conf.get('kendall_tau'))}; {len(conf.get('reversals', []))} reversal(s).")
         there = (f"at the confirmation budget `{cs.confirm_top or 'no base'}` is best "
                  f"({_verdict_words(cs.confirm_verdict)})")
@@ -515,7 +537,7 @@ def _confirm_section(conf: dict | None, sel: dict | None = None, run_dir: Path =
                                                         cv=_verdict_words(cs.confirm_verdict))
     recipe = shown_path(conf["config"].get("recipe"), run_dir)
     s.blocks.append(Para(f"Recipe `{recipe}` (sha256 `{str(conf.get('recipe_sha256'))[:12]}`), "
-                         f"top {conf['config'].get('top')} pilot bases. {said}"))
+                         f"top {conf['config'].get('top')} pilot bases{_added_naive(conf)}. {said}"))
     rows = []
     by = {r["base"]: r for r in conf.get("confirm_table", [])}
     for b in conf.get("bases", []):

@@ -493,6 +493,19 @@ class _Pipeline:
         res = select(self.run, plan_path=self.plan, allow_post_hoc=bool(self.sel_cfg.get("allow_post_hoc", False)))
         return ("POST-HOC; " if res.post_hoc else "") + _select_summary(res.ranking)
 
+    def _confirm_key(self) -> dict:
+        """The confirmation's inputs: the selection, its config (``jobs`` changes no number) and recipe, and
+        with ``references`` (order-free; ``[]`` = none) the files the naive choices are read from."""
+        conf_cfg = self.conf_cfg
+        key = {"selection": _hash_files([self.run / "selection.json"]),
+               "confirm": conf_cfg and {k: v for k, v in conf_cfg.items() if k not in ("jobs", "references")},
+               "recipe": _hash_files([Path(conf_cfg["recipe"])]) if conf_cfg else None}
+        refs = sorted(set((conf_cfg or {}).get("references") or []))
+        if refs:
+            key["references"] = refs
+            key["naive_from"] = _hash_files([self.run / "manifest.json", self.run / "summary.csv"])
+        return key
+
     def do_confirm(self) -> str:
         from .confirm import confirm
 
@@ -543,10 +556,8 @@ class _Pipeline:
             _Stage("select", lambda: {"inputs": _hash_files(files("plan.lock.json", "shortlist.csv") + pilot_out),
                                       "plan": _hash_files([plan]), "select": self.sel_cfg},
                    lambda: files("selection.json", "selection.csv"), self.do_select),
-            _Stage("confirm", lambda: {"selection": _hash_files(files("selection.json")),
-                                       "confirm": conf_cfg and {k: v for k, v in conf_cfg.items() if k != "jobs"},
-                                       "recipe": _hash_files([Path(conf_cfg["recipe"])]) if conf_cfg else None},
-                   lambda: files("confirm.json"), self.do_confirm, enabled=conf_cfg is not None),
+            _Stage("confirm", self._confirm_key, lambda: files("confirm.json"), self.do_confirm,
+                   enabled=conf_cfg is not None),
             _Stage("report", lambda: _hash_files(files("selection.json", "selection.csv", "confirm.json",
                                                        "shortlist.json", "shortlist.csv", "summary.csv",
                                                        "averaged/summary.csv", "dynamics/dynamics.csv",
