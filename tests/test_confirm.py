@@ -131,6 +131,7 @@ def test_references_retrain_the_naive_choices_and_the_report_sets_them_against_t
             and "`checkpoint-30` (the lowest pretraining held-out bits per byte) was not piloted; at the confirmation "
                 "budget it has" in line)
     assert line.count("the confirmation's top `checkpoint-40` is ahead of it by") == 2
+    assert line.count("(95% interval") == 6 and "not ruled out" not in line  # far apart: every interval above 0
     assert "did not retrain" not in line
 
 
@@ -222,3 +223,22 @@ def test_references_with_one_confirmation_seed_have_no_interval_and_do_not_crash
     md = write_report(d).md.read_text()
     assert "top 1 pilot bases, plus `checkpoint-60` (the latest checkpoint, a naive choice)." in md  # beyond the top 1
     assert "Kendall tau between pilot and confirmation rankings of 2 bases" in md
+    line = next(ln for ln in md.splitlines() if ln.startswith("- **Against the naive choices**"))
+    assert "the confirmation's top `checkpoint-40` is ahead of it by" in line and "(no interval: one SFT seed)" in line
+
+
+def test_a_naive_choice_close_to_the_top_is_not_ruled_out(tmp_path, monkeypatch):
+    from _selection_fakes import make_selected_run
+
+    from probeselect.report import write_report
+
+    d = make_selected_run(tmp_path)
+    truth = {"checkpoint-40": {"task_accuracy": 0.52, "termination": 0.9},
+             "checkpoint-60": {"task_accuracy": 0.5, "termination": 0.9}}
+    monkeypatch.setattr(confirm_mod, "_load_pilot_fn", _fake_pilot(truth, []))
+    confirm(d, "recipes/confirm.yaml", top=1, references=["latest"])
+    n = json.loads((d / "confirm.json").read_text())["naive"][0]
+    assert n["diff_vs_top_lo"] < 0 < n["diff_vs_top_hi"]
+    line = next(ln for ln in write_report(d).md.read_text().splitlines()
+                if ln.startswith("- **Against the naive choices**"))
+    assert "it reaches below 0, so the naive choice is not ruled out" in line

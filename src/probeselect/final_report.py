@@ -267,8 +267,11 @@ def _naive_bullet(sel: dict, run_dir: Path, metric: str, level: float, conf: dic
             if c == conf_top:
                 at += ", the best of the confirmed bases"
             elif n.get("diff_vs_top") is not None:
-                at += (f" and the confirmation's top `{conf_top}` is ahead of it by {_g(n.get('diff_vs_top'))} "
-                       f"({_g(n.get('diff_vs_top_lo'))} to {_g(n.get('diff_vs_top_hi'))})")
+                lo, hi = n.get("diff_vs_top_lo"), n.get("diff_vs_top_hi")
+                iv = ("no interval: one SFT seed" if lo is None or hi is None else
+                      f"{_pct(level)} interval {_g(lo)} to {_g(hi)}"
+                      + ("; it reaches below 0, so the naive choice is not ruled out" if lo < 0 else ""))
+                at += f" and the confirmation's top `{conf_top}` is ahead of it by {_g(n.get('diff_vs_top'))} ({iv})"
             elif n.get("eligible") is False:
                 at += ", failing a constraint"
             part += "; " + at
