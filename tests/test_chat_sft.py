@@ -120,7 +120,7 @@ def test_evaluation_uses_the_template_and_the_sft_mask(ladder_checkpoints, tok, 
     held = [{"id": "h1", "messages": CONV}, {"id": "h2", "prompt": [CONV[0]], "completion": [
         {"role": "assistant", "content": "very dark"}]}]
     tasks = [{"id": "t1", "kind": "color", "prompt": [{"role": "user", "content": "What is 7 + 5?"}],
-              "completion": [{"role": "assistant", "content": "12"}]}]
+              "completion": [{"role": "assistant", "content": "12"}], "shortcut": "4"}]
 
     def write(name, rows):
         p = tmp_path / name
@@ -141,12 +141,16 @@ def test_evaluation_uses_the_template_and_the_sft_mask(ladder_checkpoints, tok, 
     out = evaluate_transfer(model, tok, cfg, chat_template=EOS_NL)
     ctx = render_context(tok, items.tasks[0], EOS_NL)
     assert ctx.endswith("User: What is 7 + 5?\nAssistant:") and ctx.count(tok.bos_token) == 1
-    plain = {"tasks": write("plain.jsonl", [{"id": "t1", "kind": "color", "prompt": ctx, "response": " 12"}]),
+    plain = {"tasks": write("plain.jsonl", [{"id": "t1", "kind": "color", "prompt": ctx, "response": " 12",
+                                            "shortcut": "4"}]),
              "max_new_tokens": 3}
     ref = evaluate_transfer(model, tok, plain, add_special_tokens=False)
     a = out.set_index("metric")["value"]
     b = ref.set_index("metric")["value"]
     assert a["task_logprob"] != pytest.approx(0) and float(a["task_logprob"]) == pytest.approx(float(b["task_logprob"]))
+    # the shortcut is rendered as the template renders an assistant turn (" 4" after "Assistant:"), as the answer
+    assert float(a["task_shortcut_margin"]) != pytest.approx(0)
+    assert float(a["task_shortcut_margin"]) == pytest.approx(float(b["task_shortcut_margin"]))
 
 
 def test_every_data_file_is_checked_before_training(tiny_ladder, tok, tmp_path):

@@ -54,8 +54,9 @@ def test_layout_tables_and_matching(pilot):
     t = pd.read_csv(out / "transfer.csv")
     assert list(t.columns) == ["base", "seed", "metric", "value", "n"]
     assert set(t["metric"]) == {"task_accuracy", "task_logprob", "termination", "robust_recovery", "heldout_loss",
-                                "sft_heldout_bpb", "task_shortcut_rate"}   # the toy transfer tasks name their shortcut
-    assert len(t) == 2 * 2 * 7 and t.groupby(["base", "seed"]).size().eq(7).all()
+                                "sft_heldout_bpb", "task_shortcut_rate",   # the toy transfer tasks name their shortcut
+                                "task_shortcut_margin"}
+    assert len(t) == 2 * 2 * 8 and t.groupby(["base", "seed"]).size().eq(8).all()
     items = pd.read_parquet(out / "transfer_items.parquet")
     assert {"base", "seed", "metric", "item_id", "kind", "value"} <= set(items.columns)
     diag = pd.read_csv(out / "diagnostics.csv")

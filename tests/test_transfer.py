@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -222,6 +223,42 @@ def test_task_shortcut_rate_tells_the_shortcut_from_a_third_answer(model_tok, cf
     assert sc.to_dict() == {tasks[0]["id"]: 1.0, tasks[1]["id"]: 1.0, tasks[2]["id"]: 0.0, tasks[3]["id"]: 0.0}
     assert (df.loc[df.metric == "task_accuracy", "value"].iloc[:4] == 0.0).all()
     assert summarize_transfer(df).set_index("metric").loc["task_shortcut_rate", "n"] == 4
+
+
+def _span_logprob(model, tok, context: str, continuation: str) -> float:
+    """Sum of log p(continuation tokens | context) by one plain forward pass (an oracle independent
+    of probeselect.spans)."""
+    ctx = tok(context)["input_ids"]
+    full = tok(context + continuation)["input_ids"]
+    assert full[:len(ctx)] == ctx
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([full])).logits[0].double(), -1)
+    return float(sum(logp[i - 1, full[i]] for i in range(len(ctx), len(full))))
+
+
+def test_task_shortcut_margin_is_the_post_sft_conflict_margin(model_tok, cfg, tmp_path):
+    """task_shortcut_margin = log p(reference) - log p(shortcut written like the reference), summed over
+    each answer's tokens (checked against a plain forward pass); only tasks naming a shortcut get a row;
+    a model whose greedy answer is the shortcut has a negative margin where it prefers it."""
+    model, tok = model_tok
+    tasks = [t for t in load_transfer_items(cfg).tasks if t.get("shortcut")][:4]
+    assert len(tasks) == 4 and all(t["response"].startswith(" ") and not t["shortcut"].startswith(" ") for t in tasks)
+    rows = tasks + [{k: v for k, v in tasks[0].items() if k != "shortcut"} | {"id": "no-shortcut"}]
+    df = evaluate_transfer(model, tok, {"tasks": str(_write_jsonl(tmp_path / "m.jsonl", rows)), "max_new_tokens": 6},
+                           device="cpu")
+    got = df[df.metric == "task_shortcut_margin"].set_index("item_id")["value"]
+    assert set(got.index) == {t["id"] for t in tasks}
+    for t in tasks:
+        want = (_span_logprob(model, tok, t["prompt"], t["response"])
+                - _span_logprob(model, tok, t["prompt"], " " + t["shortcut"]))
+        assert got[t["id"]] == pytest.approx(want, abs=1e-4, rel=1e-5)
+    # swapping answer and shortcut flips the sign exactly
+    swapped = [{**t, "response": " " + t["shortcut"], "shortcut": t["response"].strip()} for t in tasks]
+    df2 = evaluate_transfer(model, tok, {"tasks": str(_write_jsonl(tmp_path / "s.jsonl", swapped)),
+                                         "max_new_tokens": 6}, device="cpu")
+    got2 = df2[df2.metric == "task_shortcut_margin"].set_index("item_id")["value"]
+    assert np.allclose(got2.loc[got.index].to_numpy(), -got.to_numpy(), atol=1e-5)
+    assert summarize_transfer(df).set_index("metric").loc["task_shortcut_margin", "n"] == 4
 
 
 def test_peft_model_matches_merged_model(model_tok, cfg):

@@ -50,6 +50,7 @@ DIRECTIONS: dict[str, int] = {
     # transfer (transfer.csv); ``heldout_bpb`` is the pre-rename name of ``sft_heldout_bpb``
     "task_accuracy": +1,
     "task_shortcut_rate": -1,
+    "task_shortcut_margin": +1,
     "task_logprob": +1,
     "robust_recovery": +1,
     "termination": +1,
@@ -60,7 +61,7 @@ DIRECTIONS: dict[str, int] = {
 
 #: The metrics :mod:`probeselect.transfer` produces, in table order.
 TRANSFER_METRIC_NAMES = ("task_accuracy", "task_logprob", "robust_recovery", "termination", "heldout_loss",
-                         "sft_heldout_bpb", "task_shortcut_rate")
+                         "sft_heldout_bpb", "task_shortcut_rate", "task_shortcut_margin")
 
 #: Old metric names still read from earlier runs -> current name.
 RENAMED_METRICS: dict[str, str] = {"heldout_bpb": "sft_heldout_bpb"}

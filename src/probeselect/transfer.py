@@ -41,6 +41,13 @@ Metrics (long rows ``item_id, kind, metric, value, weight``; direction in bracke
   shortcut (normalized alike), else 0. Tasks without a ``shortcut`` have no row. A failed task
   is either the shortcut or a third answer; this tells the two apart (a conflict probe's
   margin predicts the first, not a wrong calculation).
+* ``task_shortcut_margin`` (higher) -- per transfer task that names its ``shortcut``: the post-SFT
+  conflict margin ``log p(reference answer | prompt) - log p(shortcut | prompt)`` in nats, summed
+  over each answer's span tokens (the span scorer; the shortcut is written as the reference is: its
+  leading space, or the chat template's rendering of an assistant turn with that content). The
+  probes' margin measured after SFT on the transfer suite's own items: it shows whether a shortcut
+  preference planted in pretraining survives the SFT, which ``task_accuracy`` cannot when a third
+  answer wins the argmax. A margin is not accuracy; report both.
 * ``task_logprob`` (higher) -- per transfer task: mean per-token log p(reference response |
   prompt) in nats, from the span scorer (:mod:`probeselect.spans`), without EOS.
 * ``termination`` (higher) -- per transfer task: 1 when that greedy generation ended with
@@ -115,7 +122,7 @@ WEIGHTED_METRICS = ("heldout_loss", "sft_heldout_bpb", "heldout_bpb")
 METRIC_NAMES: tuple[str, ...] = tuple(TRANSFER_METRIC_NAMES)
 #: Which metrics each part of the suite produces.
 METRICS_BY_PART: dict[str, tuple[str, ...]] = {"tasks": ("task_accuracy", "task_logprob", "termination",
-                                                         "task_shortcut_rate"),
+                                                         "task_shortcut_rate", "task_shortcut_margin"),
                                                "robustness": ("robust_recovery",),
                                                "heldout": ("heldout_loss", "sft_heldout_bpb")}
 ITEM_COLUMNS = ["item_id", "kind", "metric", "value", "weight"]
@@ -525,6 +532,25 @@ def recovered(continuation: str, answer: str, misleading: str) -> bool:
     return _contains(words, _WORDS.findall(answer.lower())) and not _contains(words, _WORDS.findall(misleading.lower()))
 
 
+def _with_answer(row: Mapping[str, Any]) -> dict[str, Any]:
+    """``row`` with its reference answer replaced by its ``shortcut``, written as the reference is: a
+    plain row keeps the response's leading whitespace; a chat row gets an assistant turn with the
+    shortcut as content (the template renders it as it renders the reference)."""
+    from .sft.data import row_form
+
+    sc = str(row["shortcut"]).strip()
+    new = dict(row)
+    if row_form(row) == "messages":
+        msgs = [dict(m) for m in row["messages"]]
+        last = max(i for i, m in enumerate(msgs) if m["role"] == "assistant")
+        msgs[last]["content"] = sc
+        new["messages"] = msgs
+    else:
+        resp = str(row["response"])
+        new["response"] = resp[:len(resp) - len(resp.lstrip())] + sc
+    return new
+
+
 def _unwrap(model):
     """The transformers model under a peft wrapper (LoRA layers stay injected in it)."""
     get_base = getattr(model, "get_base_model", None)
@@ -711,6 +737,15 @@ def evaluate_transfer(model, tokenizer, transfer_cfg: Mapping[str, Any], *, devi
                      for t in items.tasks]
             scores = score_pairs(_unwrap(model), pairs, batch_size=bs, device=device)
             out += _rows(items.tasks, "task_logprob", [s.logprob / s.n_tokens for s in scores])
+            if with_sc:
+                idx = [i for i, t in enumerate(items.tasks) if str(t.get("shortcut") or "").strip()]
+                sc_pairs = [encode_pair(encoder(items.tasks[i]), context(items.tasks[i]),
+                                        reference_continuation(raw_tokenizer, _with_answer(items.tasks[i]),
+                                                               chat_template),
+                                        what=f"transfer task {items.tasks[i]['id']} (shortcut)") for i in idx]
+                sc_scores = score_pairs(_unwrap(model), sc_pairs, batch_size=bs, device=device)
+                out += _rows([items.tasks[i] for i in idx], "task_shortcut_margin",
+                             [scores[i].logprob - s.logprob for i, s in zip(idx, sc_scores)])
             out += _rows(items.tasks, "termination", [g.stop == "eos" for g in gens])
         if items.robustness:
             bar.set_postfix_str("robustness")
