@@ -4,8 +4,10 @@ The truth of bench/validity.py, for a few checkpoints of a ladder that is alread
 confirmation recipe (300 steps) under truth SFT seeds 100.. on the truth's own transfer suite
 (stream ``transfer-truth``, every pilot prompt excluded; robustness and held-out SFT loss off).
 Prints, per checkpoint, the truth value (task accuracy, mean over the seeds) with its per-seed
-values and per-kind accuracy, and the truth's own rule (the plan's interval rule) on best vs
-latest. Used while designing the late-harm curriculum; the numbers go to bench/late_harm_notes.md.
+values; per kind, the accuracy, the share of shortcut answers (``task_shortcut_rate``) and the
+post-SFT shortcut margin (``task_shortcut_margin``, nats); and the truth's own rule (the plan's
+interval rule) on best vs latest. Used while designing the late-harm curriculum; the numbers go to
+bench/late_harm_notes.md.
 
     python bench/late_harm_truth.py LADDER --checkpoints 1200 1400 2000 --truth-seeds 2 --out DIR
     python bench/late_harm_truth.py LADDER ... --override batch_seeds=false   # the single-run loop
@@ -70,16 +72,16 @@ def main(argv=None) -> int:
     tab = rk.table.copy()
     print(tab.to_string())
     items = a.out / "truth" / "transfer_items.parquet"
-    if items.is_file():
+    if items.is_file():  # per base and kind: accuracy, share of shortcut answers, post-SFT shortcut margin (nats)
         it = pd.read_parquet(items)
-        col = next((c for c in ("correct", "task_correct", "accuracy") if c in it.columns), None)
-        if col:
-            print(it.groupby(["base", "kind"])[col].mean().unstack().to_string())
+        it = it[it["metric"].isin(["task_accuracy", "task_shortcut_rate", "task_shortcut_margin"])]
+        print(it.groupby(["metric", "base", "kind"])["value"].mean().unstack("kind").round(3).to_string())
     last = f"checkpoint-{max(a.checkpoints)}"
     sub = rank_bases(load_pilot_tables(a.out / "truth"), spec, bases=[str(tab.iloc[0]["base"]), last]) \
         if str(tab.iloc[0]["base"]) != last else None
     print(f"truth best {rk.top}; vs latest {last}: "
-          + (f"{sub.verdict} diff {sub.diff:.3f} CI {sub.diff_ci}" if sub else "best is the latest"))
+          + ((f"{sub.verdict} diff " + (f"{sub.diff:.3f}" if sub.diff is not None else "n/a (one truth seed)")
+              + f" CI {sub.diff_ci}") if sub else "best is the latest"))
     print(f"seconds {time.perf_counter() - t0:.0f}")
     return 0
 
