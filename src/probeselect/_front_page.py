@@ -22,6 +22,7 @@ import pandas as pd
 from ._io import _atomic_write
 from ._report_blocks import Figure, Para, Section, fmt
 from .dynamics import LowestBpb, lowest_heldout_bpb
+from .manifest import checkpoint_steps
 
 __all__ = ["front_page", "FIGURE_DIR"]
 
@@ -47,14 +48,6 @@ def _figure(size: tuple[float, float]):
 
     fig = MplFigure(figsize=size, layout="constrained")
     return fig, fig.add_subplot(1, 1, 1)
-
-
-def _steps(manifest: dict | None) -> dict[str, float]:
-    out = {}
-    for c in (manifest or {}).get("checkpoints") or []:
-        if isinstance(c, dict) and c.get("name") is not None and c.get("step") is not None:
-            out[str(c["name"])] = float(c["step"])
-    return out
 
 
 class Headline(NamedTuple):
@@ -200,7 +193,7 @@ def _front_page(run_dir: Path, sel: dict, cs, seeds: tuple[int, int | None], man
     blocks: list = [Para(head.verdict), Para(head.how_sure)]
     fig_dir = run_dir / FIGURE_DIR
     fig_dir.mkdir(parents=True, exist_ok=True)
-    steps = _steps(manifest)
+    steps = checkpoint_steps(manifest)
     summary = pd.read_csv(run_dir / "summary.csv") if (run_dir / "summary.csv").is_file() else None
     lowest = lowest_heldout_bpb(summary)  # among every checkpoint, piloted or not
     piloted = {b["base"] for b in sel["bases"]}

@@ -34,11 +34,11 @@ import numpy as np
 
 from ._io import atomic_write_json, canonical_json_hash, sha256_file
 from .errors import SelectionError
-from .manifest import base_manifest
+from .manifest import base_manifest, checkpoint_steps
 from .plan import REFERENCES, selection_spec_from_dict
 from .select import Ranking, load_pilot_tables, rank_bases, records
 
-__all__ = ["ConfirmResult", "confirm", "compare_rankings", "base_paths", "naive_choices"]
+__all__ = ["ConfirmResult", "confirm", "compare_rankings", "base_paths", "naive_choices", "valid_references"]
 
 
 @dataclass
@@ -81,6 +81,11 @@ def base_paths(run_dir: Path, names: Sequence[str]) -> list[Path]:
     return [found[n] for n in names]
 
 
+def valid_references(refs: Any) -> bool:
+    """Whether ``refs`` is a list of distinct rules of :data:`probeselect.plan.REFERENCES`."""
+    return isinstance(refs, list) and all(r in REFERENCES for r in refs) and len(set(refs)) == len(refs)
+
+
 def naive_choices(run_dir: Path) -> dict[str, list[str]]:
     """The naive choices of a scored run, checkpoint -> the rules it stands for (in
     :data:`probeselect.plan.REFERENCES` order): ``latest``, the checkpoint of the highest step in
@@ -94,11 +99,9 @@ def naive_choices(run_dir: Path) -> dict[str, list[str]]:
     run_dir = Path(run_dir)
     out: dict[str, list[str]] = {}
     man = run_dir / "manifest.json"
-    if man.is_file():
-        steps = {str(c["name"]): float(c["step"]) for c in json.loads(man.read_text(encoding="utf-8")).get("checkpoints", [])
-                 if isinstance(c, dict) and c.get("name") is not None and c.get("step") is not None}
-        if steps:
-            out.setdefault(max(steps, key=lambda n: steps[n]), []).append("latest")
+    steps = checkpoint_steps(json.loads(man.read_text(encoding="utf-8"))) if man.is_file() else {}
+    if steps:
+        out.setdefault(max(steps, key=lambda n: steps[n]), []).append("latest")
     summ = run_dir / "summary.csv"
     lowest = lowest_heldout_bpb(pd.read_csv(summ)) if summ.is_file() else None
     if lowest is not None:
@@ -161,8 +164,7 @@ def confirm(run_dir: str | Path, recipe: str | Path, *, top: int = 2, overrides:
     if top < 1:
         raise SelectionError(f"--top must be >= 1, got {top}.")
     references = list(references or [])
-    bad = [r for r in references if r not in REFERENCES]
-    if bad or len(set(references)) != len(references):
+    if not valid_references(references):
         raise SelectionError(f"confirmation references must be distinct naive choices from {list(REFERENCES)}; "
                              f"got {references!r}.")
     sel = json.loads(sel_path.read_text(encoding="utf-8"))

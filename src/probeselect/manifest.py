@@ -63,3 +63,12 @@ def base_manifest(kind: str, config: dict[str, Any]) -> dict[str, Any]:
         "git": git_state(),
         "config": config,
     }
+
+
+def checkpoint_steps(manifest: dict | None) -> dict[str, float]:
+    """``{checkpoint name: step}`` from a score run's ``manifest.json`` (checkpoints without a step are left out)."""
+    out = {}
+    for c in (manifest or {}).get("checkpoints") or []:
+        if isinstance(c, dict) and c.get("name") is not None and c.get("step") is not None:
+            out[str(c["name"])] = float(c["step"])
+    return out

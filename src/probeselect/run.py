@@ -209,10 +209,10 @@ def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str
                 raise RunConfigError(f"{src}: unknown key {k}.{key!r}; `{k}:` takes {', '.join(known)}.")
         refs = v.get("references") if k == "confirm" else None
         if refs is not None:
+            from .confirm import valid_references
             from .plan import REFERENCES
 
-            if (not isinstance(refs, list) or any(r not in REFERENCES for r in refs)
-                    or len(set(map(str, refs))) != len(refs)):
+            if not valid_references(refs):
                 raise RunConfigError(f"{src}: confirm.references must be a list of distinct naive choices from "
                                      f"{list(REFERENCES)} (retrained next to the top N at the confirmation budget); "
                                      f"got {refs!r}.")

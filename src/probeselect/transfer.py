@@ -728,23 +728,23 @@ def evaluate_transfer(model, tokenizer, transfer_cfg: Mapping[str, Any], *, devi
             out += _rows(items.tasks, "task_accuracy",
                          [normalize_answer(g.text) == normalize_answer(reference_response(t))
                           for g, t in zip(gens, items.tasks)])
-            with_sc = [(g, t) for g, t in zip(gens, items.tasks) if str(t.get("shortcut") or "").strip()]
-            if with_sc:
-                out += _rows([t for _, t in with_sc], "task_shortcut_rate",
-                             [normalize_answer(g.text) == normalize_answer(str(t["shortcut"])) for g, t in with_sc])
+            idx = [i for i, t in enumerate(items.tasks) if str(t.get("shortcut") or "").strip()]  # tasks naming one
+            with_sc = [items.tasks[i] for i in idx]
+            if idx:
+                out += _rows(with_sc, "task_shortcut_rate", [normalize_answer(gens[i].text)
+                                                             == normalize_answer(str(items.tasks[i]["shortcut"]))
+                                                             for i in idx])
             pairs = [encode_pair(encoder(t), context(t), reference_continuation(raw_tokenizer, t, chat_template),
                                  what=f"transfer task {t['id']}")
                      for t in items.tasks]
             scores = score_pairs(_unwrap(model), pairs, batch_size=bs, device=device)
             out += _rows(items.tasks, "task_logprob", [s.logprob / s.n_tokens for s in scores])
-            if with_sc:
-                idx = [i for i, t in enumerate(items.tasks) if str(t.get("shortcut") or "").strip()]
-                sc_pairs = [encode_pair(encoder(items.tasks[i]), context(items.tasks[i]),
-                                        reference_continuation(raw_tokenizer, _with_answer(items.tasks[i]),
-                                                               chat_template),
-                                        what=f"transfer task {items.tasks[i]['id']} (shortcut)") for i in idx]
+            if idx:
+                sc_pairs = [encode_pair(encoder(t), context(t), reference_continuation(raw_tokenizer, _with_answer(t),
+                                                                                        chat_template),
+                                        what=f"transfer task {t['id']} (shortcut)") for t in with_sc]
                 sc_scores = score_pairs(_unwrap(model), sc_pairs, batch_size=bs, device=device)
-                out += _rows([items.tasks[i] for i in idx], "task_shortcut_margin",
+                out += _rows(with_sc, "task_shortcut_margin",
                              [scores[i].logprob - s.logprob for i, s in zip(idx, sc_scores)])
             out += _rows(items.tasks, "termination", [g.stop == "eos" for g in gens])
         if items.robustness:
