@@ -35,7 +35,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _stage(ladder: Path, recipe: str, bases: list[Path], steps: int, batch, out: Path, jobs: int = 1) -> dict:
+def _stage(ladder: Path, recipe: str, bases: list[Path], steps: int, batch, out: Path, jobs: int = 1,
+           device: str = "cpu") -> dict:
     from probeselect.pilot import run_pilot
     from probeselect.sft import batched
 
@@ -48,9 +49,9 @@ def _stage(ladder: Path, recipe: str, bases: list[Path], steps: int, batch, out:
     shutil.rmtree(out, ignore_errors=True)
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
-    res = run_pilot(bases, REPO / "recipes" / recipe, out, progress=False, device="cpu", overrides=over, jobs=jobs)
+    res = run_pilot(bases, REPO / "recipes" / recipe, out, progress=False, device=device, overrides=over, jobs=jobs)
     wall = time.perf_counter() - t0
-    return {"recipe": recipe, "steps": steps, "batch_seeds": batch, "jobs": jobs, "wall_s": round(wall, 1),
+    return {"recipe": recipe, "steps": steps, "batch_seeds": batch, "jobs": jobs, "device": device, "wall_s": round(wall, 1),
             "train_s": round(float(res.diagnostics["seconds"].sum()), 1), "runs": len(res.diagnostics),
             "load_before": round(load0, 2), "load_after": round(os.getloadavg()[0], 2),
             "final_loss_mean": float(res.diagnostics["final_loss"].mean())}
@@ -66,6 +67,8 @@ def main(argv=None) -> int:
     ap.add_argument("--stages", default="pilot,confirm")
     ap.add_argument("--pilot-jobs", type=int, default=None,
                     help="jobs of the pilot stage in a jobsN variant (default N), e.g. 3 for 3 bases on 2 cores")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="cuda: the stages train and evaluate on one GPU (jobsN variants are CPU-only)")
     ap.add_argument("--variants", default="single,batched",
                     help="comma list of single, batched, packed, jobsN (the default packed path, N bases at once "
                          "in N processes, e.g. jobs2, jobs3)")
@@ -84,7 +87,8 @@ def main(argv=None) -> int:
                 if jobs > 1 and recipe == "pilot.yaml" and args.pilot_jobs:
                     jobs = args.pilot_jobs
                 batch = "packed" if jobs > 1 else {"single": False, "batched": True, "packed": "packed"}[v]
-                row = _stage(args.ladder, recipe, bases, steps, batch, args.out / f"r{r}-{recipe}-{v}", jobs=jobs)
+                row = _stage(args.ladder, recipe, bases, steps, batch, args.out / f"r{r}-{recipe}-{v}", jobs=jobs,
+                             device=args.device)
                 row["round"], row["variant"] = r, v
                 rows.append(row)
                 print(json.dumps(row), flush=True)

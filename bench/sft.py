@@ -1,8 +1,8 @@
-"""SFT benchmark: probeselect's pilot training loop vs TRL's SFTTrainer, on CPU.
+"""SFT benchmark: probeselect's pilot training loop vs TRL's SFTTrainer, on CPU (or one GPU: ``--device cuda``).
 
 Run: OMP_NUM_THREADS=1 python bench/sft.py [--steps 24] [--warmup 4] [--method lora|full]
      [--size toy|58m] [--hidden 256] [--layers 4] [--micro-batch 8] [--grad-accum 2]
-     [--seeds 1] [--trl-layout padded|padding-free] [--max-length 96]
+     [--seeds 1] [--trl-layout padded|padding-free] [--max-length 96] [--device cpu|cuda]
 
 Setup (identical for both): the toy world's tokenizer (byte-level BPE, trained with a 1,024 budget;
 849 tokens for world seed 0) and
@@ -62,6 +62,12 @@ import time
 from pathlib import Path
 
 import torch
+
+
+def _sync(args) -> None:
+    """Wait for the GPU's queued kernels before a step's end time is read (no-op on CPU)."""
+    if args.device == "cuda":
+        torch.cuda.synchronize()
 
 
 def _rss_mib() -> float:
@@ -150,11 +156,12 @@ def run_probeselect_batched(work: Path, args) -> dict:
     tokens = {k: [] for k in seeds}
 
     def on_step(seed, step, row):  # per run, after its row is logged; the last run's call ends the step
+        _sync(args)
         end_of_step[step] = time.perf_counter()
         tokens[seed].append(row["sup_tokens"])
 
     res = train_seeds(work / "base", recipe, seeds, [work / "run-probeselect" / f"seed{k}" for k in seeds],
-                      manifests=mans, examples={e.id: e for e in examples}, pad_id=tok.pad_token_id, device="cpu",
+                      manifests=mans, examples={e.id: e for e in examples}, pad_id=tok.pad_token_id, device=args.device,
                       progress=False, on_step=on_step)
     failed = {k: str(r) for k, r in res.items() if isinstance(r, BaseException)}
     if failed:
@@ -178,11 +185,12 @@ def run_probeselect(work: Path, args) -> dict:
     tokens: list[int] = []
 
     def on_step(step, row):
+        _sync(args)
         times.append(time.perf_counter())
         tokens.append(row["sup_tokens"])
 
     res = train(work / "base", recipe, 0, work / "run-probeselect", manifest=man,
-                examples={e.id: e for e in examples}, pad_id=tok.pad_token_id, device="cpu", progress=False,
+                examples={e.id: e for e in examples}, pad_id=tok.pad_token_id, device=args.device, progress=False,
                 on_step=on_step)
     rate, toks, secs = timed_rate(times, tokens, args.warmup)
     return {"side": "probeselect", "tokens_per_s": rate, "timed_tokens": toks, "timed_seconds": secs,
@@ -214,7 +222,7 @@ def run_trl(work: Path, args) -> dict:
                     gradient_accumulation_steps=args.grad_accum, max_steps=args.steps, learning_rate=1e-3,
                     lr_scheduler_type="cosine", warmup_steps=2, max_grad_norm=1.0, weight_decay=0.0,
                     adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, logging_steps=1, save_strategy="no",
-                    eval_strategy="no", report_to=[], use_cpu=True, completion_only_loss=True,
+                    eval_strategy="no", report_to=[], use_cpu=args.device == "cpu", completion_only_loss=True,
                     # padding-free without packing needs max_length=None (TRL does not truncate then;
                     # probeselect refuses examples over max_length, so none is longer)
                     max_length=None if padding_free else args.max_length, packing=False, padding_free=padding_free,
@@ -227,6 +235,7 @@ def run_trl(work: Path, args) -> dict:
 
     class Clock(TrainerCallback):
         def on_step_end(self, a, state, control, **kw):
+            _sync(args)
             times.append(time.perf_counter())
 
         def on_log(self, a, state, control, logs=None, **kw):
@@ -288,6 +297,9 @@ def main() -> None:
                     help="TRL's micro-batch layout (padding-free: padding_free=True, no packing across steps)")
     ap.add_argument("--trl-grad-ckpt", action="store_true",
                     help="keep TRL's default gradient checkpointing (off by default: probeselect recomputes nothing)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="where both sides train (cuda: one GPU, float32 on both sides, TF32 off as torch's "
+                         "default; step ends are timed after torch.cuda.synchronize())")
     ap.add_argument("--side", choices=["probeselect", "trl"], help=argparse.SUPPRESS)
     ap.add_argument("--work", help=argparse.SUPPRESS)
     ap.add_argument("--run-seed", type=int, default=0, help=argparse.SUPPRESS)
@@ -335,7 +347,8 @@ def main() -> None:
           f"{args.intermediate}, vocabulary {args.vocab_used} (tokenizer {args.tok_size}), "
           f"{args.n_params / 1e6:.1f}M parameters;"
           f" method {args.method}, micro-batch {args.micro_batch} x grad-accum {args.grad_accum}, {args.steps} steps "
-          f"({args.warmup} warm-up), seeds {args.seeds}, TRL layout {args.trl_layout}, 1 thread")
+          f"({args.warmup} warm-up), seeds {args.seeds}, TRL layout {args.trl_layout}, 1 thread, device {args.device}"
+          + (f" ({torch.cuda.get_device_name()})" if args.device == "cuda" else ""))
     same = a["sup_tokens_per_step"] == b["sup_tokens_per_step"]
     print(f"supervised tokens per step identical (every seed): {same}")
     print(f"{'side':<24} {'tokens/s':>10} {'timed tok':>10} {'seconds':>8} {'final loss':>22} {'RSS setup':>10} "

@@ -81,3 +81,21 @@ def test_watch_and_score_share_their_scoring_options():
     shared = ("seeds", "dtype", "device", "max_batch_tokens", "heldout", "heldout_stride", "audit_items")
     for dest in shared:
         assert opts["watch"][dest] == opts["score"][dest], dest
+
+
+def test_cli_sets_the_deterministic_cublas_workspace_and_keeps_a_users_value(tmp_path):
+    """cuBLAS reads CUBLAS_WORKSPACE_CONFIG when its first handle is made, so the CLI sets it at start
+    (the pilot's value), before any CUDA work; a value the user set is left alone."""
+    import os
+
+    from probeselect.pilot import CUBLAS_WORKSPACE
+
+    code = ("import os, sys; from probeselect.cli import main; main(['probes', 'list']);"
+            "print('CUBLAS=' + os.environ.get('CUBLAS_WORKSPACE_CONFIG', 'unset'), file=sys.stderr)")
+    env = {k: v for k, v in os.environ.items() if k != "CUBLAS_WORKSPACE_CONFIG"}
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert got.returncode == 0, got.stderr[-2000:]
+    assert f"CUBLAS={CUBLAS_WORKSPACE}" in got.stderr
+    mine = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**env, "CUBLAS_WORKSPACE_CONFIG": ":16:8"})
+    assert mine.returncode == 0 and "CUBLAS=:16:8" in mine.stderr

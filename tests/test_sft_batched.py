@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -24,6 +25,9 @@ SEEDS = [0, 1]
 # 1e-7 rounding difference into a visible step difference; the weights agree to a small
 # fraction of one learning-rate step (asserted: atol = lr / 100 per coordinate).
 REL = 1e-5
+# The device these tests train on: cpu in CI; PROBESELECT_TEST_DEVICE=cuda runs the same equality,
+# packing and resume checks on a GPU (bench/gpu_check.sh; the figures are in bench/README.md).
+DEVICE = os.environ.get("PROBESELECT_TEST_DEVICE", "cpu")
 
 
 _ENCODED: dict = {}
@@ -62,14 +66,14 @@ def _batched(ladder, out, recipe, **kw):
     base, tok, ex, mans = _setup(ladder, recipe)
     kw.setdefault("heldout", _heldout(recipe, tok))
     return train_seeds(base.path, recipe, SEEDS, [out / f"seed{s}" for s in SEEDS], manifests=[mans[s] for s in SEEDS],
-                       examples=ex, pad_id=tok.pad_token_id, base_fingerprint=base.fingerprint, device="cpu",
+                       examples=ex, pad_id=tok.pad_token_id, base_fingerprint=base.fingerprint, device=DEVICE,
                        progress=False, **kw)
 
 
 def _single(ladder, out, recipe, seed):
     base, tok, ex, m = _prepared(ladder, recipe, seed)
     return train(base.path, recipe, seed, out / f"seed{seed}", manifest=m, examples=ex, pad_id=tok.pad_token_id,
-                 base_fingerprint=base.fingerprint, device="cpu", progress=False, heldout=_heldout(recipe, tok))
+                 base_fingerprint=base.fingerprint, device=DEVICE, progress=False, heldout=_heldout(recipe, tok))
 
 
 def _rel(a, b):
@@ -141,7 +145,7 @@ def _poison_group(monkeypatch, seed_pos: int, calls: set[int]):
         i, n[0] = n[0], n[0] + 1
         if i in calls:
             # x inf on that run's entry, x 1 elsewhere (its backward multiplies by the same factors)
-            out = out * torch.tensor([float("inf") if k == seed_pos else 1.0 for k, _ in groups])
+            out = out * torch.tensor([float("inf") if k == seed_pos else 1.0 for k, _ in groups], device=out.device)
         return out
 
     monkeypatch.setattr(batched_mod, "rows_nll", nll)
@@ -197,7 +201,7 @@ def on_step(seed, step, row):
         time.sleep(300)
 
 train_seeds(base.path, recipe, seeds, [out / f"seed{{s}}" for s in seeds], manifests=[p[3] for p in preps],
-            examples=ex, pad_id=tok.pad_token_id, base_fingerprint=base.fingerprint, device="cpu", progress=False,
+            examples=ex, pad_id=tok.pad_token_id, base_fingerprint=base.fingerprint, device={device!r}, progress=False,
             on_step=on_step)
 """
 
@@ -220,7 +224,7 @@ def test_batched_resume_after_sigkill_equals_the_uninterrupted_run(tiny_ladder, 
         full = _batched(tiny_ladder, tmp_path / "full", recipe)
         cut, marker = tmp_path / "cut", tmp_path / "killed-at"
         code = _RUNNER.format(tests=str(Path(__file__).parent), ladder=str(tiny_ladder), out=str(cut),
-                              marker=str(marker), seeds=SEEDS)
+                              marker=str(marker), seeds=SEEDS, device=DEVICE)
         proc = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, OMP_NUM_THREADS="1"),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
@@ -283,11 +287,11 @@ def test_batched_lora_init_is_the_single_run_init(tiny_ladder, ladder_checkpoint
     from probeselect.sft.loop import _build_model
 
     recipe = small_recipe(tiny_ladder)
-    loaded = load_model(ladder_checkpoints[-1], torch.float32, torch.device("cpu"))
+    loaded = load_model(ladder_checkpoints[-1], torch.float32, torch.device(DEVICE))
     for seed in SEEDS:
         torch.manual_seed(999)  # the global RNG state before must not matter
-        named, scaling = batched_mod._peft_init(ladder_checkpoints[-1], recipe, seed, torch.device("cpu"), loaded)
-        ref = [(n, p) for n, p in _build_model(ladder_checkpoints[-1], recipe, seed, torch.device("cpu"))
+        named, scaling = batched_mod._peft_init(ladder_checkpoints[-1], recipe, seed, torch.device(DEVICE), loaded)
+        ref = [(n, p) for n, p in _build_model(ladder_checkpoints[-1], recipe, seed, torch.device(DEVICE))
                .named_parameters() if p.requires_grad]
         assert [n for n, _ in named] == [n for n, _ in ref] and len(scaling) * 2 == len(ref)
         assert all(torch.equal(a, b) for (_, a), (_, b) in zip(named, ref))
@@ -331,8 +335,8 @@ def test_packed_examples_do_not_attend_to_each_other(tiny_ladder, ladder_checkpo
     recipe = small_recipe(tiny_ladder)
     _, tok, ex, m = _prepared(tiny_ladder, recipe, 0)
     exs = [ex[i] for i in m["steps"][0]["ids"][:3]]
-    model = load_model(ladder_checkpoints[-1], torch.float32, torch.device("cpu")).eval()
-    batch = batched_mod.pack([exs], tok.pad_token_id)
+    model = load_model(ladder_checkpoints[-1], torch.float32, torch.device(DEVICE)).eval()
+    batch = {k: v.to(DEVICE) for k, v in batched_mod.pack([exs], tok.pad_token_id).items()}
     assert batch["position_ids"][0].tolist()[: sum(len(e.input_ids) for e in exs)] == \
         [i for e in exs for i in range(len(e.input_ids))]
     with torch.no_grad():
@@ -342,7 +346,7 @@ def test_packed_examples_do_not_attend_to_each_other(tiny_ladder, ladder_checkpo
                       attention_mask=torch.ones_like(batch["input_ids"])).logits[0]
         start, worst, leak = 0, 0.0, 0.0
         for e in exs:
-            alone = model(input_ids=torch.tensor([e.input_ids])).logits[0]
+            alone = model(input_ids=torch.tensor([e.input_ids], device=DEVICE)).logits[0]
             k = len(e.input_ids)
             worst = max(worst, float((packed[start: start + k] - alone).abs().max()))
             leak = max(leak, float((leaky[start: start + k] - alone).abs().max()))
@@ -372,7 +376,7 @@ def test_packed_examples_do_not_attend_to_each_other(tiny_ladder, ladder_checkpo
 def collate_one(e, pad_id):
     from probeselect.sft.data import collate
 
-    return collate([e], pad_id)
+    return {k: v.to(DEVICE) for k, v in collate([e], pad_id).items()}
 
 
 def test_padded_batched_seeds_equal_single_runs(tiny_ladder, tmp_path):
@@ -419,6 +423,8 @@ def test_batched_kill_resume_reload_manifests_and_all_skipped(tiny_ladder, tmp_p
         resumed = _batched(tiny_ladder, cut, recipe, heldout=None)
         for s in SEEDS:
             a, b = full[s], resumed[s]
+            differ = [(x["step"], k) for x, y in zip(a.rows, b.rows) for k in x if k != "segment" and x[k] != y.get(k)]
+            assert not differ, differ  # (step, field) pairs that differ: every field is bitwise equal
             assert [{k: v for k, v in r.items() if k != "segment"} for r in b.rows] == \
                 [{k: v for k, v in r.items() if k != "segment"} for r in a.rows]
             assert [r["segment"] for r in b.rows] == [0, 0, 1, 1, 1, 1] and b.steps_trained == 4
@@ -498,7 +504,8 @@ def test_bounded_packing_keeps_rows_short_and_examples_apart(tiny_ladder, ladder
     assert ones == [1, 1] and one_row["input_ids"].shape[1] > bound  # the control is longer than the bound
     assert batch["input_ids"].shape[0] == sum(counts) and batch["input_ids"].shape[1] <= bound
     assert counts[0] >= 2 and len(counts) == 2
-    model = load_model(ladder_checkpoints[-1], torch.float32, torch.device("cpu")).eval()
+    model = load_model(ladder_checkpoints[-1], torch.float32, torch.device(DEVICE)).eval()
+    batch = {k: v.to(DEVICE) for k, v in batch.items()}
     with torch.no_grad():
         logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits
         row, multi = 0, 0
@@ -517,7 +524,7 @@ def test_bounded_packing_keeps_rows_short_and_examples_apart(tiny_ladder, ladder
                         continue  # the pad tail restarts its own position run
                     seen.append(e)
                     found += 1
-                    alone = model(input_ids=torch.tensor([e.input_ids])).logits[0]
+                    alone = model(input_ids=torch.tensor([e.input_ids], device=DEVICE)).logits[0]
                     assert float((logits[r, s: s + len(e.input_ids)] - alone).abs().max()) < 1e-4
                 multi = max(multi, found)
             assert sorted(map(id, seen)) == sorted(map(id, run))  # each example exactly once

@@ -249,6 +249,8 @@ def _save_model(model, tokenizer, run_dir: Path, *, method: str, merged: bool) -
 #: models are too small to gain from more, and on a shared machine extra threads that wait for each
 #: other at every small kernel made training steps tens of times slower.
 DEFAULT_THREADS = 1
+#: cuBLAS's deterministic workspace setting (PyTorch's reproducibility notes); a user's own value is kept.
+CUBLAS_WORKSPACE = ":4096:8"
 
 
 @contextlib.contextmanager
@@ -259,6 +261,9 @@ def deterministic_torch(threads: int | None = None):
     import torch
 
     n = threads if threads is not None else int(os.environ.get("PROBESELECT_THREADS", DEFAULT_THREADS))
+    # cuBLAS is deterministic only with a fixed workspace (CUDA >= 10.2); it reads this variable when
+    # its first handle is made, so the CLI sets it at start as well (cli.main). No effect on CPU.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
     old_threads, old_det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     old_warn = torch.is_deterministic_algorithms_warn_only_enabled()
     torch.set_num_threads(max(1, n))
