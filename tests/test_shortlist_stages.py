@@ -29,7 +29,7 @@ from probeselect._io import atomic_write_csv, atomic_write_json
 from probeselect.shortlist import shortlist
 from test_shortlist import CKPTS, PROXIES, _summary, _with_flat, run  # noqa: F401  (run: the fixture)
 
-VOLATILE = ("created_utc", "command", "platform", "versions", "git")
+VOLATILE = ("created_utc", "command", "platform", "cpu", "versions", "git")
 FLAT = PROXIES.replace("  - {family: rel, variant: x, metric: mean_margin}\n",
                        "  - {family: flat, variant: x, metric: mean_margin}\n")
 TWO = """

@@ -36,6 +36,27 @@ def package_versions() -> dict[str, str | None]:
     return out
 
 
+def cpu_info() -> dict[str, str | None]:
+    """The processor a run's float arithmetic ran on: its model name and the vector instruction set torch's
+    CPU kernels use. Two CPU types (AVX2 vs AVX-512, Intel vs AMD) can round differently, so a toy ladder
+    built on each differs and the results that follow with it; same machine, same bytes."""
+    model = None
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    capability = None
+    if "torch" in sys.modules:  # only where a run already imported it (a manifest must not pull torch in)
+        try:
+            capability = str(sys.modules["torch"].backends.cpu.get_cpu_capability())
+        except (AttributeError, RuntimeError):
+            pass
+    return {"model": model or platform.processor() or None, "torch_cpu_capability": capability}
+
+
 def git_state(path: Path | None = None) -> dict[str, Any]:
     """Git commit and dirty flag of the probeselect source tree (None outside a checkout)."""
     path = Path(path or Path(__file__).resolve().parent)
@@ -59,6 +80,7 @@ def base_manifest(kind: str, config: dict[str, Any]) -> dict[str, Any]:
         "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": sys.argv,
         "platform": platform.platform(),
+        "cpu": cpu_info(),
         "versions": package_versions(),
         "git": git_state(),
         "config": config,

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UsageError
+from ..manifest import cpu_info
 from .curriculum import BUILTIN_CURRICULA, Curriculum, load_curriculum
 from .world import (
     ARITH_TEMPLATES,
@@ -833,6 +834,8 @@ def _ladder_summary(b: _BuildSpec, world: ToyWorld, model, tokenizer, corpus: _C
         "torch_threads": b.num_threads,
         "deterministic_algorithms": True,
         "torch_version": torch.__version__,
+        # the float arithmetic's machine: two CPU types (e.g. AVX-512 vs AVX2 kernels) give different weights
+        "cpu": cpu_info(),
         "timing": "build_timing.json",
         "data": {k: os.path.relpath(v, out) for k, v in corpus.data_paths.items()},
         "checkpoints": [
