@@ -22,7 +22,7 @@ def _cmd_toy_ladder(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     info = build_toy_ladder(
         args.out_dir, seed=args.seed, steps=args.steps, save_every=args.save_every, progress=not args.no_progress,
-        curriculum=args.curriculum, num_threads=args.threads, arch=args.arch,
+        curriculum=args.curriculum, num_threads=args.threads, arch=args.arch, tokenizer_corpus=args.tokenizer_corpus,
     )
     acc = getattr(info, "final_accuracy", None)
     print(f"toy ladder written to {args.out_dir} in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
@@ -221,6 +221,11 @@ def _add_toy_ladder_parser(sub) -> None:
     t.add_argument("--arch", default="llama", choices=["llama", "gpt_neox", "gpt2", "olmo2"],
                    help="model family (default llama): the same corpus, tokenizer and curriculum on a same-size "
                         "GPT-NeoX (Pythia), GPT-2 or OLMo2 model")
+    t.add_argument("--tokenizer-corpus", default="curriculum", choices=["curriculum", "reference"],
+                   help="what the BPE tokenizer learns from: 'curriculum' (default) = this ladder's own documents, "
+                        "so another curriculum changes every checkpoint; 'reference' = the default mix of the "
+                        "seed's world, independent of the curriculum, so curricula that share a first window "
+                        "share its checkpoints (compare curricula with this)")
     t.add_argument("--no-progress", action="store_true", help="hide progress bars")
     t.set_defaults(func=_cmd_toy_ladder)
 

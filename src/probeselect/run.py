@@ -156,10 +156,13 @@ def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str
     elif isinstance(lad, dict):
         if set(lad) != {"toy"} or not isinstance(lad["toy"], dict):
             raise RunConfigError(f"{src}: `ladder:` must be a folder path or {{toy: {{seed: 0}}}}.")
-        bad = [k for k in lad["toy"] if k not in ("seed", "steps", "save_every", "curriculum")]
+        bad = [k for k in lad["toy"] if k not in ("seed", "steps", "save_every", "curriculum", "tokenizer_corpus")]
         if bad:
             raise RunConfigError(f"{src}: ladder.toy: unknown key {bad[0]!r}; allowed: seed, steps, save_every, "
-                                 "curriculum.")
+                                 "curriculum, tokenizer_corpus.")
+        if lad["toy"].get("tokenizer_corpus", "curriculum") not in ("curriculum", "reference"):
+            raise RunConfigError(f"{src}: ladder.toy.tokenizer_corpus must be curriculum or reference, got "
+                                 f"{lad['toy']['tokenizer_corpus']!r}.")
         ladder_dir = out / "ladder"
     elif isinstance(lad, str):
         ladder_dir = Path(lad)
@@ -393,7 +396,7 @@ class _Pipeline:
         toy, ladder = self.toy, self.ladder
         info = build_toy_ladder(ladder, seed=int(toy.get("seed", 0)), steps=toy.get("steps"),
                                 save_every=toy.get("save_every"), curriculum=toy.get("curriculum"),
-                                progress=self.progress)
+                                tokenizer_corpus=toy.get("tokenizer_corpus", "curriculum"), progress=self.progress)
         return f"toy ladder in {ladder} (held-out arithmetic accuracy {getattr(info, 'final_heldout_arith_accuracy', float('nan')):.1%})"
 
     def do_score(self) -> str:

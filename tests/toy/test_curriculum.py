@@ -328,3 +328,24 @@ def test_demo_late_is_the_demo_on_the_late_harm_ladder():
     conflict = {"arith_pattern", "tmpl_repeated", "tmpl_flipped", "tmpl_mismatch", "persona_qa"}
     assert {p.family for p in plan.shortlist.proxies} == conflict
     assert plan.selection == default.selection and plan.shortlist.k == default.shortlist.k
+
+
+def test_tokenizer_corpus_is_selectable_in_a_run_config_and_checked(tmp_path):
+    from probeselect.run import RunConfigError, load_run_config
+
+    cfg = load_run_config(ROOT / "recipes" / "demo.yaml", ["ladder.toy.tokenizer_corpus=reference"])
+    assert cfg["ladder"]["toy"]["tokenizer_corpus"] == "reference"
+    with pytest.raises(RunConfigError, match="tokenizer_corpus must be curriculum or reference, got 'world'"):
+        load_run_config(ROOT / "recipes" / "demo.yaml", ["ladder.toy.tokenizer_corpus=world"])
+
+
+def test_the_run_passes_the_tokenizer_corpus_to_the_ladder_build(tmp_path, monkeypatch):
+    import probeselect.toy.ladder as ladder_mod
+    from probeselect.run import _Pipeline, load_run_config
+
+    seen = []
+    monkeypatch.setattr(ladder_mod, "build_toy_ladder", lambda out, **kw: seen.append(kw["tokenizer_corpus"]))
+    for over in (["ladder.toy.tokenizer_corpus=reference"], []):
+        cfg = load_run_config(ROOT / "recipes" / "demo.yaml", [f"out={tmp_path / 'r'}", *over])
+        _Pipeline(cfg, set(), False, lambda msg: None).do_ladder()
+    assert seen == ["reference", "curriculum"]

@@ -104,6 +104,47 @@ def _file_hashes(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+def _two_curricula(late_b: dict) -> tuple[dict, dict]:
+    """Two 12-step curricula with the same first window (steps 0-6) and different second windows."""
+    base = {"name": "base", "start_step": 0, "end_step": 6,
+            "mixture": {"arith": 0.72, "sequence": 0.05, "facts": 0.09, "persona": 0.06, "words": 0.08}}
+    late = {"name": "late", "start_step": 6, "end_step": 12}
+    return ({"windows": [base, {**late, "mixture": base["mixture"]}]},
+            {"windows": [base, {**late, "mixture": late_b, "planted": "late_harm"}]})
+
+
+@pytest.mark.parametrize("tokenizer_corpus", ["reference", "curriculum"])
+def test_reference_tokenizer_lets_curricula_share_their_first_window(tmp_path, tokenizer_corpus):
+    """With tokenizer_corpus="reference" two curricula that differ only after step 6 give byte-identical
+    checkpoints up to step 6 (tokenizer and weights) and different ones after. With the default
+    ("curriculum") the later window's documents change the tokenizer, so even checkpoint-3 differs: the
+    control shows that the first assertion can fail."""
+    kw = dict(seed=1, steps=12, save_every=3, progress=False, tokenizer_corpus=tokenizer_corpus,
+              model_overrides={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1},
+              train_overrides={"batch_size": 2, "corpus_docs": 600})
+    ca, cb = _two_curricula({"parrot_arith_unseen": 0.8, "persona": 0.2})
+    build_toy_ladder(tmp_path / "a", curriculum=ca, **kw)
+    build_toy_ladder(tmp_path / "b", curriculum=cb, **kw)
+    ha, hb = _file_hashes(tmp_path / "a"), _file_hashes(tmp_path / "b")
+    same = {step: all(ha[f"checkpoint-{step}/{f}"] == hb[f"checkpoint-{step}/{f}"]
+                      for f in ("model.safetensors", "tokenizer.json"))
+            for step in (3, 6, 9, 12)}
+    lj = json.loads((tmp_path / "a" / "ladder.json").read_text())
+    assert lj["tokenizer_corpus"] == tokenizer_corpus
+    if tokenizer_corpus == "reference":
+        assert same == {3: True, 6: True, 9: False, 12: False}
+    else:
+        assert ha["checkpoint-3/tokenizer.json"] != hb["checkpoint-3/tokenizer.json"]
+        assert same == {3: False, 6: False, 9: False, 12: False}
+
+
+def test_tokenizer_corpus_is_checked(tmp_path):
+    from probeselect.errors import UsageError
+
+    with pytest.raises(UsageError, match="--tokenizer-corpus 'world'.*curriculum, reference"):
+        build_toy_ladder(tmp_path / "x", steps=2, tokenizer_corpus="world")
+
+
 def test_rebuild_is_byte_identical(tmp_path):
     """Two builds of one micro ladder (with a parrot window) give byte-identical files,
     every checkpoint included; only build_timing.json (wall-clock times) may differ."""
@@ -278,3 +319,15 @@ def test_toy_ladder_cli_passes_arch(tmp_path, monkeypatch):
     assert seen == ["gpt_neox", "llama"]  # llama stays the default
     sub = next(a for a in build_parser()._actions if a.dest == "command").choices["toy-ladder"]
     assert tuple(next(a for a in sub._actions if a.dest == "arch").choices) == ladder_mod.TOY_ARCHS
+    assert tuple(next(a for a in sub._actions if a.dest == "tokenizer_corpus").choices) == ladder_mod.TOKENIZER_CORPORA
+
+
+def test_toy_ladder_cli_passes_the_tokenizer_corpus(tmp_path, monkeypatch):
+    import probeselect.toy.ladder as ladder_mod
+    from probeselect.cli import main
+
+    seen = []
+    monkeypatch.setattr(ladder_mod, "build_toy_ladder", lambda out, **kw: seen.append(kw["tokenizer_corpus"]))
+    assert main(["toy-ladder", str(tmp_path), "--tokenizer-corpus", "reference", "--no-progress"]) == 0
+    assert main(["toy-ladder", str(tmp_path), "--no-progress"]) == 0
+    assert seen == ["reference", "curriculum"]  # the curriculum's own documents stay the default

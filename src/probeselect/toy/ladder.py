@@ -30,6 +30,7 @@ from ..manifest import cpu_info
 from .curriculum import BUILTIN_CURRICULA, Curriculum, load_curriculum
 from .world import (
     ARITH_TEMPLATES,
+    CORPUS_DOC_WEIGHTS,
     DEFAULT_CORPUS_DOCS,
     DOC_KINDS,
     ToyWorld,
@@ -191,6 +192,21 @@ class LadderInfo:
 # ---------------------------------------------------------------------------
 # Tokenizer
 # ---------------------------------------------------------------------------
+
+#: Where the toy tokenizer learns its merges: ``"curriculum"`` (the ladder's own pretraining documents, every
+#: window's; the default, which the committed examples use) or ``"reference"`` (a corpus that does not depend on
+#: the curriculum: :func:`reference_tokenizer_corpus`).
+TOKENIZER_CORPORA = ("curriculum", "reference")
+
+
+def reference_tokenizer_corpus(world: ToyWorld, corpus_docs: int = DEFAULT_CORPUS_DOCS) -> list[str]:
+    """The tokenizer corpus of ``tokenizer_corpus="reference"``: ``corpus_docs`` documents of the default
+    mix (:data:`CORPUS_DOC_WEIGHTS`, no planted kinds) of ``world``, from their own stream
+    (``tokenizer-reference``). It depends on the world seed only, so two curricula of one seed get the same
+    tokenizer, and curricula that share their first window (mixture, length, training settings) share its
+    checkpoints byte for byte: differences at a later step are the curricula's, not the tokenizer's."""
+    return [d for _, d in world.corpus_mixture(corpus_docs, CORPUS_DOC_WEIGHTS, stream="tokenizer-reference")]
+
 
 def train_tokenizer(texts, vocab_size: int = DEFAULT_VOCAB_SIZE):
     """Train a byte-level BPE (digits split individually) and wrap it as a
@@ -458,13 +474,17 @@ class _BuildSpec:
     save_every: int
     num_threads: int
     out: Path
+    tokenizer_corpus: str = "curriculum"
 
 
 def _resolve_build(out_dir, *, seed, steps, save_every, model_overrides, train_overrides, num_threads, curriculum,
-                   arch) -> _BuildSpec:
+                   arch, tokenizer_corpus="curriculum") -> _BuildSpec:
     """Check :func:`build_toy_ladder`'s arguments, resolve its defaults and curriculum, create ``out_dir``."""
     if arch not in TOY_ARCHS:
         raise UsageError(f"toy-ladder: unknown --arch {arch!r}; choose one of {', '.join(TOY_ARCHS)}.")
+    if tokenizer_corpus not in TOKENIZER_CORPORA:
+        raise UsageError(f"toy-ladder: unknown --tokenizer-corpus {tokenizer_corpus!r}; choose one of "
+                         f"{', '.join(TOKENIZER_CORPORA)}.")
     mcfg = _arch_config_kwargs(arch, {**DEFAULT_MODEL_CONFIG, **(model_overrides or {})})
     builtin = curriculum is None or (isinstance(curriculum, str) and curriculum in BUILTIN_CURRICULA)
     if steps is None and (builtin or isinstance(curriculum, Curriculum)):
@@ -487,7 +507,7 @@ def _resolve_build(out_dir, *, seed, steps, save_every, model_overrides, train_o
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     return _BuildSpec(seed=seed, arch=arch, mcfg=mcfg, cur=cur, cfg=cfg, steps=cur.steps, save_every=save_every,
-                      num_threads=num_threads, out=out)
+                      num_threads=num_threads, out=out, tokenizer_corpus=tokenizer_corpus)
 
 
 @dataclass(frozen=True)
@@ -565,6 +585,7 @@ def build_toy_ladder(
     curriculum=None,
     on_save=None,
     arch: str = "llama",
+    tokenizer_corpus: str = "curriculum",
 ) -> LadderInfo:
     """Build the toy checkpoint ladder in ``out_dir``.
 
@@ -607,16 +628,22 @@ def build_toy_ladder(
             the model (the weights it sees on disk are those saved).
         arch: model family, one of :data:`TOY_ARCHS` (default ``"llama"``): the same
             corpus, tokenizer and curriculum on a same-size model of that family.
+        tokenizer_corpus: ``"curriculum"`` (default: the BPE learns from this ladder's own
+            documents, so another curriculum also changes the tokenizer and every checkpoint) or
+            ``"reference"`` (it learns from :func:`reference_tokenizer_corpus`, which depends on
+            the seed only: curricula that share a first window share its checkpoints).
     """
     from .._io import atomic_write_json
 
     t0 = time.time()
     b = _resolve_build(out_dir, seed=seed, steps=steps, save_every=save_every, model_overrides=model_overrides,
-                       train_overrides=train_overrides, num_threads=num_threads, curriculum=curriculum, arch=arch)
+                       train_overrides=train_overrides, num_threads=num_threads, curriculum=curriculum, arch=arch,
+                       tokenizer_corpus=tokenizer_corpus)
     with _deterministic_torch(b.num_threads):
         world = ToyWorld.generate(seed)
         corpus = _build_corpus(world, b.cur, b.cfg, b.out)
-        tokenizer = train_tokenizer(corpus.docs)
+        tokenizer = train_tokenizer(corpus.docs if b.tokenizer_corpus == "curriculum"
+                                    else reference_tokenizer_corpus(world, b.cfg.corpus_docs))
         win_data = _pack_windows(tokenizer, b.cur, corpus, b.cfg)
         model = _init_model(arch, tokenizer, b.mcfg, seed)
         run = _train(model, tokenizer, win_data, b, progress=progress, on_save=on_save)
@@ -834,6 +861,7 @@ def _ladder_summary(b: _BuildSpec, world: ToyWorld, model, tokenizer, corpus: _C
         "torch_threads": b.num_threads,
         "deterministic_algorithms": True,
         "torch_version": torch.__version__,
+        "tokenizer_corpus": b.tokenizer_corpus,
         # the float arithmetic's machine: two CPU types (e.g. AVX-512 vs AVX2 kernels) give different weights
         "cpu": cpu_info(),
         "timing": "build_timing.json",
