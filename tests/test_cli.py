@@ -83,19 +83,26 @@ def test_watch_and_score_share_their_scoring_options():
         assert opts["watch"][dest] == opts["score"][dest], dest
 
 
-def test_cli_sets_the_deterministic_cublas_workspace_and_keeps_a_users_value(tmp_path):
-    """cuBLAS reads CUBLAS_WORKSPACE_CONFIG when its first handle is made, so the CLI sets it at start
-    (the pilot's value), before any CUDA work; a value the user set is left alone."""
+def test_cli_sets_the_deterministic_cublas_workspace_and_keeps_a_users_value(monkeypatch):
+    """cuBLAS reads CUBLAS_WORKSPACE_CONFIG when its first handle is made, so the CLI sets it (the pilot's
+    value) before the command runs: the command itself sees it. A value the user set is left alone."""
     import os
 
+    from probeselect import cli
     from probeselect.pilot import CUBLAS_WORKSPACE
 
-    code = ("import os, sys; from probeselect.cli import main; main(['probes', 'list']);"
-            "print('CUBLAS=' + os.environ.get('CUBLAS_WORKSPACE_CONFIG', 'unset'), file=sys.stderr)")
-    env = {k: v for k, v in os.environ.items() if k != "CUBLAS_WORKSPACE_CONFIG"}
-    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-    assert got.returncode == 0, got.stderr[-2000:]
-    assert f"CUBLAS={CUBLAS_WORKSPACE}" in got.stderr
-    mine = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**env, "CUBLAS_WORKSPACE_CONFIG": ":16:8"})
-    assert mine.returncode == 0 and "CUBLAS=:16:8" in mine.stderr
+    seen = []
+    real = cli.build_parser
+
+    def parser_with_a_spy():
+        p = real()
+        sub = next(a for a in p._actions if a.dest == "command").choices["toy-ladder"]
+        sub.set_defaults(func=lambda args: seen.append(os.environ.get("CUBLAS_WORKSPACE_CONFIG")) or 0)
+        return p
+
+    monkeypatch.setattr(cli, "build_parser", parser_with_a_spy)
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    assert cli.main(["toy-ladder", "/nonexistent/never-built"]) == 0
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+    assert cli.main(["toy-ladder", "/nonexistent/never-built"]) == 0
+    assert seen == [CUBLAS_WORKSPACE, ":16:8"]

@@ -383,9 +383,10 @@ def main(argv: list[str] | None = None) -> int:
     Ctrl-C or SIGTERM prints how to resume and exits 130; other exceptions are bugs and
     keep their traceback."""
     args = build_parser().parse_args(argv)
-    # before any CUDA work: cuBLAS reads it when its first handle is made (scoring and training on a GPU
-    # are then deterministic run to run); a user's own value is kept. = pilot.CUBLAS_WORKSPACE (not
-    # imported: that module pulls in torch, and `--help` should not)
+    # before any CUDA work: cuBLAS reads it when its first handle is made; deterministic cuBLAS needs it,
+    # though it alone does not make a GPU run bitwise reproducible (bench/README.md, "Ninth session").
+    # A user's own value is kept. = pilot.CUBLAS_WORKSPACE (not imported: that module pulls in torch,
+    # and `--help` should not)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     prog = f"probeselect {args.command}"

@@ -262,7 +262,8 @@ def deterministic_torch(threads: int | None = None):
 
     n = threads if threads is not None else int(os.environ.get("PROBESELECT_THREADS", DEFAULT_THREADS))
     # cuBLAS is deterministic only with a fixed workspace (CUDA >= 10.2); it reads this variable when
-    # its first handle is made, so the CLI sets it at start as well (cli.main). No effect on CPU.
+    # its first handle is made, so the CLI sets it at start as well (cli.main). Needed for, not
+    # sufficient for, bitwise GPU reruns. No effect on CPU.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
     old_threads, old_det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     old_warn = torch.is_deterministic_algorithms_warn_only_enabled()

@@ -126,8 +126,10 @@ def test_reference_tokenizer_lets_curricula_share_their_first_window(tmp_path, t
     build_toy_ladder(tmp_path / "a", curriculum=ca, **kw)
     build_toy_ladder(tmp_path / "b", curriculum=cb, **kw)
     ha, hb = _file_hashes(tmp_path / "a"), _file_hashes(tmp_path / "b")
-    same = {step: all(ha[f"checkpoint-{step}/{f}"] == hb[f"checkpoint-{step}/{f}"]
-                      for f in ("model.safetensors", "tokenizer.json"))
+    files = sorted({k.split("/", 1)[1] for k in ha if k.startswith("checkpoint-3/")} - {"trainer_state.json"})
+    assert {"model.safetensors", "config.json", "tokenizer.json"} <= set(files)
+    # every file but trainer_state.json (its epoch counts all windows' rows)
+    same = {step: all(ha[f"checkpoint-{step}/{f}"] == hb[f"checkpoint-{step}/{f}"] for f in files)
             for step in (3, 6, 9, 12)}
     lj = json.loads((tmp_path / "a" / "ladder.json").read_text())
     assert lj["tokenizer_corpus"] == tokenizer_corpus

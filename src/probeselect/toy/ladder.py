@@ -203,8 +203,10 @@ def reference_tokenizer_corpus(world: ToyWorld, corpus_docs: int = DEFAULT_CORPU
     """The tokenizer corpus of ``tokenizer_corpus="reference"``: ``corpus_docs`` documents of the default
     mix (:data:`CORPUS_DOC_WEIGHTS`, no planted kinds) of ``world``, from their own stream
     (``tokenizer-reference``). It depends on the world seed only, so two curricula of one seed get the same
-    tokenizer, and curricula that share their first window (mixture, length, training settings) share its
-    checkpoints byte for byte: differences at a later step are the curricula's, not the tokenizer's."""
+    tokenizer. Curricula with the same total steps and training settings that share their first window
+    (name, mixture, length) then save byte-identical weights, config and tokenizer in that window, so
+    differences at a later step are the curricula's, not the tokenizer's. ``trainer_state.json`` (its epoch
+    counts every window's rows) and ``data/heldout.txt`` (it leaves out the whole corpus) still differ."""
     return [d for _, d in world.corpus_mixture(corpus_docs, CORPUS_DOC_WEIGHTS, stream="tokenizer-reference")]
 
 
