@@ -107,14 +107,14 @@ def main(argv=None) -> int:
         print("\nmean margin (nats) per checkpoint, ± evaluation-seed sd of the family mean; bpb = held-out bits per byte\n")
         print(_markdown_dynamics(wide, sd, cols))
         print("\nplanted dips (bpb: lower is better; tolerance 1% instead of a seed sd)\n")
-        print(_markdown_table(res_dip["dips"][show]))
+        print(_markdown_table(res_dip["dips"].reindex(columns=show)))
     else:
         print("\nmean margin (nats) per checkpoint; bpb = held-out bits per byte")
         print(wide[cols].round(3).to_string())
         print("\nevaluation-seed sd of the family mean")
         print(sd[[c for c in CONFLICT + CAPABILITY if c in sd]].round(3).to_string())
         print("\nplanted dips (bpb: lower is better; tolerance 1% instead of a seed sd)")
-        print(res_dip["dips"][show].round(3).to_string(index=False))
+        print(res_dip["dips"].reindex(columns=show).round(3).to_string(index=False))
     verdict = {"seed": info["seed"], "windows": res_dip["windows"],
                "final_heldout_arith": info["final_heldout_arith_accuracy"],
                "pass": res_dip["pass"] and info["final_heldout_arith_accuracy"] >= 0.9}
