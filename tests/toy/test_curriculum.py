@@ -349,3 +349,21 @@ def test_the_run_passes_the_tokenizer_corpus_to_the_ladder_build(tmp_path, monke
         cfg = load_run_config(ROOT / "recipes" / "demo.yaml", [f"out={tmp_path / 'r'}", *over])
         _Pipeline(cfg, set(), False, lambda msg: None).do_ladder()
     assert seen == ["reference", "curriculum"]
+
+
+def test_the_matched_clean_control_is_late_harm_without_its_planted_kinds():
+    """bench/late_clean_control.yaml stays matched to the late-harm curriculum: same windows (names, steps),
+    same first window and training settings (so with a reference tokenizer both share checkpoints to the
+    end of it), and each late window is late-harm's with every planted kind's share given to arithmetic."""
+    harm, clean = load_curriculum("late-harm"), load_curriculum(ROOT / "bench" / "late_clean_control.yaml")
+    assert clean.train == harm.train and clean.steps == harm.steps
+    assert [(w.name, w.start_step, w.end_step) for w in clean.windows] == \
+        [(w.name, w.start_step, w.end_step) for w in harm.windows]
+    assert clean.windows[0] == harm.windows[0]
+    for h, c in zip(harm.windows[1:], clean.windows[1:]):
+        assert c.planted is None and set(c.mixture) <= set(CORPUS_DOC_WEIGHTS)
+        planted = sum(v for k, v in h.mixture.items() if k not in CORPUS_DOC_WEIGHTS)
+        assert planted > 0.3  # the harm window it is matched to does plant
+        expect = {k: v for k, v in h.mixture.items() if k in CORPUS_DOC_WEIGHTS}
+        expect["arith"] += planted
+        assert c.mixture == pytest.approx(expect, abs=1e-9)
