@@ -160,9 +160,11 @@ def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str
         if bad:
             raise RunConfigError(f"{src}: ladder.toy: unknown key {bad[0]!r}; allowed: seed, steps, save_every, "
                                  "curriculum, tokenizer_corpus.")
-        if lad["toy"].get("tokenizer_corpus", "curriculum") not in ("curriculum", "reference"):
-            raise RunConfigError(f"{src}: ladder.toy.tokenizer_corpus must be curriculum or reference, got "
-                                 f"{lad['toy']['tokenizer_corpus']!r}.")
+        from .toy.ladder import TOKENIZER_CORPORA
+
+        if lad["toy"].get("tokenizer_corpus", "curriculum") not in TOKENIZER_CORPORA:
+            raise RunConfigError(f"{src}: ladder.toy.tokenizer_corpus must be {' or '.join(TOKENIZER_CORPORA)}, "
+                                 f"got {lad['toy']['tokenizer_corpus']!r}.")
         ladder_dir = out / "ladder"
     elif isinstance(lad, str):
         ladder_dir = Path(lad)
