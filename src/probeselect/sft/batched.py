@@ -356,13 +356,14 @@ def train_seeds(base: str | Path, recipe: Recipe, seeds: Sequence[int], run_dirs
         if stepped:  # the actual update norms of all stepped runs, one host sync
             for r, u in zip(stepped, torch.stack([r.update.after() for r in stepped]).tolist()):
                 r.row["update_norm"] = u
+        # the step's wall time, shared evenly by its runs; like the single-run loop's, without the held-out loss
+        dt = (time.perf_counter() - t0) / len(now)
         if eval_runs:  # rank 0 only (its rows are the ones written), as in the single-run loop
             if acc.is_main_process:
                 for r, h in zip(eval_runs, _heldout_losses(model, rows_ctx, eval_runs, heldout, pad_id=pad_id,
                                                            device=dev)):
                     r.row["heldout_loss"] = h
             acc.wait_for_everyone()
-        dt = (time.perf_counter() - t0) / len(now)  # the step's wall time, shared evenly by its runs
         for r in now:
             if r.status != "active":
                 continue
