@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     ap.add_argument("--pilot-jobs", type=int, default=None,
                     help="jobs of the pilot stage in a jobsN variant (default N), e.g. 3 for 3 bases on 2 cores")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                    help="cuda: the stages train and evaluate on one GPU (jobsN variants are CPU-only)")
+                    help="cuda: the stages train and evaluate on one GPU (jobsN: N worker processes share it)")
     ap.add_argument("--variants", default="single,batched",
                     help="comma list of single, batched, packed, jobsN (the default packed path, N bases at once "
                          "in N processes, e.g. jobs2, jobs3)")

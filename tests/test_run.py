@@ -280,9 +280,10 @@ def test_run_binds_toy_world_families_to_the_ladder_seed():
     assert [s.params.get("world_seed") for s in _load_specs(sc)] == [0, None, 0]  # not a toy ladder: as written
 
 
-def test_config_jobs_do_not_apply_on_a_gpu(monkeypatch):
-    """pilot.jobs / confirm.jobs are CPU worker processes: with a GPU device the stage trains one base at a
-    time and says so in the run log (the numbers do not depend on it); on CPU the value passes through."""
+def test_config_jobs_apply_on_cpu_and_cuda_not_on_other_accelerators(monkeypatch):
+    """pilot.jobs / confirm.jobs are worker processes on the CPU or sharing one CUDA device: there the value
+    passes through; on another accelerator the stage trains one base at a time and says so in the run log
+    (the numbers do not depend on it)."""
     from types import SimpleNamespace
 
     import torch
@@ -291,10 +292,12 @@ def test_config_jobs_do_not_apply_on_a_gpu(monkeypatch):
     from probeselect.run import _Pipeline
 
     logs = []
-    monkeypatch.setattr(score, "resolve_device", lambda d: torch.device("cuda" if d != "cpu" else "cpu"))
+    monkeypatch.setattr(score, "resolve_device", lambda d: torch.device(d))
+    mps = SimpleNamespace(device="mps", log=logs.append)
+    assert _Pipeline._jobs(mps, "pilot", {"jobs": 2}) == 1
+    assert logs and "pilot.jobs: 2 is for CPU and CUDA runs" in logs[0]
     gpu = SimpleNamespace(device="cuda", log=logs.append)
-    assert _Pipeline._jobs(gpu, "pilot", {"jobs": 2}) == 1
-    assert logs and "pilot.jobs: 2 is for CPU runs" in logs[0]
+    assert _Pipeline._jobs(gpu, "pilot", {"jobs": 3}) == 3
     cpu = SimpleNamespace(device="cpu", log=logs.append)
     assert _Pipeline._jobs(cpu, "confirm", {"jobs": 2}) == 2 and _Pipeline._jobs(cpu, "pilot", {}) is None
     assert len(logs) == 1

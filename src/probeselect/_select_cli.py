@@ -143,8 +143,8 @@ def add_parsers(sub) -> None:
     c.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides (dotted keys)")
     c.add_argument("--device", default="auto", help=DEVICE_HELP)
     c.add_argument("--jobs", default=None, metavar="N",
-                   help="CPU only: retrain N bases at once in worker processes (same numbers); default "
-                        "PROBESELECT_JOBS, else 1")
+                   help="retrain N bases at once in worker processes, on the CPU or sharing one CUDA device "
+                        "(same numbers); default PROBESELECT_JOBS, else 1")
     c.add_argument("--no-progress", action="store_true", help="hide progress bars")
     c.set_defaults(func=_cmd_confirm)
 

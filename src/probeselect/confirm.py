@@ -154,7 +154,7 @@ def confirm(run_dir: str | Path, recipe: str | Path, *, top: int = 2, overrides:
 
     Needs ``run_dir/selection.json`` (``probeselect select``). Writes ``run_dir/confirm/``
     (pilot layout) and ``run_dir/confirm.json``; see the module docstring. ``jobs``: bases
-    retrained at once (CPU worker processes; see :func:`probeselect.pilot.resolve_jobs`).
+    retrained at once (worker processes on the CPU or one CUDA device; see :func:`probeselect.pilot.resolve_jobs`).
     ``references``: naive choices (``latest``, ``lowest_bpb``) retrained next to the top N.
     """
     run_dir = Path(run_dir)

@@ -223,7 +223,7 @@ def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str
                                      f"got {refs!r}.")
         j = v.get("jobs")
         if j is not None and (isinstance(j, bool) or not isinstance(j, int) or j < 1):
-            raise RunConfigError(f"{src}: {k}.jobs must be an integer >= 1 (bases trained at once in CPU worker "
+            raise RunConfigError(f"{src}: {k}.jobs must be an integer >= 1 (bases trained at once in worker "
                                  f"processes; the numbers do not depend on it); got {j!r}.")
     run_dir = out / "score"
     subs = {"out": str(out), "ladder": str(ladder_dir), "run": str(run_dir)}
@@ -468,17 +468,18 @@ class _Pipeline:
             f"; {len(rec['warnings'])} warning(s)" if rec.get("warnings") else "")
 
     def _jobs(self, stage: str, cfg: dict) -> int | None:
-        """``{stage}.jobs`` of the config: bases trained at once in CPU worker processes. On a GPU it does
-        not apply (it changes no number, only how many CPU processes train), so the stage trains one
-        base at a time and says so."""
+        """``{stage}.jobs`` of the config: bases trained at once in worker processes (CPU, or one CUDA
+        device shared). On another accelerator it does not apply (it changes no number, only how many
+        processes train), so the stage trains one base at a time and says so."""
         jobs = cfg.get("jobs")
         if jobs is not None and jobs > 1:
+            from .pilot import JOBS_DEVICES
             from .score import resolve_device
 
             dev = resolve_device(self.device)
-            if dev.type != "cpu":
-                self.log(f"[run] {stage}: {stage}.jobs: {jobs} is for CPU runs; on {dev} the bases train one at a "
-                         "time (the numbers are the same)")
+            if dev.type not in JOBS_DEVICES:
+                self.log(f"[run] {stage}: {stage}.jobs: {jobs} is for CPU and CUDA runs; on {dev} the bases train "
+                         "one at a time (the numbers are the same)")
                 return 1
         return jobs
 

@@ -59,8 +59,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--merged", action="store_true", help="also save a merged copy of each LoRA model (merged/)")
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--jobs", default=None, metavar="N",
-                   help="CPU only: train N bases at once in N worker processes (each with the pilot's fixed thread "
-                        "count; the numbers do not change). Default: PROBESELECT_JOBS, else 1. E.g. 2 on 2 cores.")
+                   help="train N bases at once in N worker processes, on the CPU or sharing one CUDA device (each "
+                        "with the pilot's fixed thread count; the numbers do not change). Default: "
+                        "PROBESELECT_JOBS, else 1. E.g. 2 on 2 cores.")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                    help="recipe overrides with dotted keys and YAML values, e.g. optimizer.lr=1e-3 seeds=[0,1,2]")
