@@ -5,8 +5,8 @@
 #
 # Needs: python3 with torch (CUDA), transformers, peft, accelerate, pandas, pyarrow, pytest; datasets
 # and trl for the TRL side (wheels in .whl/ are installed into /tmp/site first where present); a demo
-# ladder in results/demo/ladder (`make demo` builds it) for parts D and E. Parts B and C have fixed
-# time limits (150 s, 170 s); D and E get what is left of BUDGET seconds (560) and are skipped when too
+# ladder in results/demo/ladder (`make demo` builds it) for parts D-G. Parts B and C have fixed
+# time limits (150 s, 170 s); D-G get what is left of BUDGET seconds (560) and are skipped when too
 # little is left, so one slow part cannot take all the others' time.
 #   A  versions and the GPU
 #   B  tests/test_sft_batched.py on the GPU (PROBESELECT_TEST_DEVICE=cuda): batched seeds equal the
@@ -105,13 +105,20 @@ if want E && [ -f results/demo/run_state.json ] && [ "$(left)" -gt 30 ]; then
 fi
 if want F && [ -d results/demo/ladder ]; then
   part F | tee "$OUT/step_profile.log"
-  timeout $(( $(left) - 5 )) python3 bench/step_profile.py results/demo/ladder --device cuda --steps 100 \
-    --modes packed single --repeat 2 --torch-profile 20 --out /tmp/step-profile 2>&1 | grep -v '^USDT' \
-    | tee -a "$OUT/step_profile.log"
-  cp /tmp/step-profile/step_profile.json "$OUT/" 2>/dev/null
+  rm -rf /tmp/step-profile  # never a result left by an earlier call on a still-warm machine
+  t=$(( $(left) - 5 ))
+  if [ "$t" -ge 30 ]; then
+    timeout "$t" python3 bench/step_profile.py results/demo/ladder --device cuda --steps 100 \
+      --modes packed single --repeat 2 --torch-profile 20 --out /tmp/step-profile 2>&1 | grep -v '^USDT' \
+      | tee -a "$OUT/step_profile.log"
+    cp /tmp/step-profile/step_profile.json "$OUT/" 2>/dev/null
+  else
+    echo "part F: skipped, $(left) s left" | tee -a "$OUT/step_profile.log"
+  fi
 fi
 if want G && [ -d results/demo/ladder ]; then
   part G | tee "$OUT/jobs.log"
+  rm -rf /tmp/bench-jobs  # never compare against a folder left by an earlier call
   for spec in "pilot jobs3" "pilot packed" "pilot single" "confirm jobs3" "confirm single"; do
     set -- $spec
     t=$(( $(left) - 10 ))
@@ -132,6 +139,8 @@ if a.is_dir() and b.is_dir():
           f"{len(diffs)} differences; transfer.csv identical: {same_csv}")
     for d in diffs[:10]:
         print("  ", d)
+else:
+    print(f"pilot jobs3 vs jobs1: not compared ({a.name if not a.is_dir() else b.name} missing)")
 EOF
 fi
 part end

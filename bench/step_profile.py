@@ -24,8 +24,9 @@ own kernels' and not a later part's; this adds syncs that the plain run does not
 ``train_s`` is the stage's training time (diagnostics.csv ``seconds``; batched steps are split
 evenly among their seeds, so it sums to the batched wall time); ``wall_s`` adds loading, transfer
 evaluation and outputs. ``--torch-profile N`` then reruns each mode for N steps under
-``torch.profiler`` (CPU, and CUDA activity on a GPU), switched on only while the pilot trains, and
-prints the top ops by self time (``single``: the first seed's run only).
+``torch.profiler`` (CPU, and CUDA activity on a GPU), switched on only inside the training call
+(``train_seeds`` / ``train``: model loading and LoRA set-up included, transfer evaluation and outputs
+not), and prints the top ops by self time (``single``: the first seed's run only).
 
 ``--repeat 2`` trains each mode twice into fresh folders and compares the two runs: every
 train_log.jsonl field except wall-clock ones and the final adapter tensors, bitwise. Warnings raised
@@ -91,8 +92,8 @@ class Timers:
 
 @contextlib.contextmanager
 def training_only(prof):
-    """Run ``prof`` (a torch.profiler.profile) only while the pilot trains (not during loading,
-    transfer evaluation or outputs)."""
+    """Run ``prof`` (a torch.profiler.profile) only inside the pilot's training call (which loads the base
+    and sets up LoRA; not during the pilot's pre-flight, transfer evaluation or outputs)."""
     from probeselect import pilot
 
     saved = (pilot.train_seeds, pilot.train)
@@ -156,7 +157,7 @@ def stage(ladder: Path, base: Path, mode: str, steps: int, seeds, device: str, o
     from probeselect.pilot import run_pilot
     from probeselect.sft import batched
 
-    batched.PACKED = mode != "padded"
+    was, batched.PACKED = batched.PACKED, mode != "padded"
     d = ladder / "data"
     over = [f"data.train={d / 'sft.jsonl'}", f"transfer.tasks={d / 'transfer.jsonl'}",
             f"transfer.robustness={d / 'robustness.jsonl'}", f"transfer.heldout={d / 'sft_heldout.jsonl'}",
@@ -164,14 +165,18 @@ def stage(ladder: Path, base: Path, mode: str, steps: int, seeds, device: str, o
             f"seeds=[{','.join(str(s) for s in seeds)}]"]
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
-    res = run_pilot([base], REPO / "recipes" / "confirm.yaml", out, progress=False, device=device, overrides=over,
-                    jobs=1)
+    try:
+        res = run_pilot([base], REPO / "recipes" / "confirm.yaml", out, progress=False, device=device,
+                        overrides=over, jobs=1)
+    finally:
+        batched.PACKED = was
     return res, time.perf_counter() - t0
 
 
 def compare_runs(a: Path, b: Path) -> tuple[list[str], int, int]:
     """Differences between two pilot folders: train_log.jsonl fields (clock fields excluded) and the
-    final state's trainable tensors, bitwise; with the numbers of log rows and tensors compared."""
+    trainable tensors of every kept state (``state/step-*/*.safetensors``; not the optimizer state),
+    bitwise; with the numbers of log rows and tensors compared."""
     import torch
     from safetensors.torch import load_file
 

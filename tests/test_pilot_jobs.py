@@ -1,4 +1,5 @@
-"""run_pilot(jobs=N): bases trained at once in CPU worker processes, with the same numbers as one process."""
+"""run_pilot(jobs=N): bases trained at once in worker processes (CPU, or sharing one CUDA device), with the same
+numbers as one process."""
 
 from __future__ import annotations
 
@@ -188,7 +189,7 @@ def test_jobs_defaults_and_on_step(monkeypatch):
 
 def test_jobs_share_one_cuda_device(monkeypatch):
     """Worker processes may share one CUDA device (a small model's step is host-bound there); the bench
-    on a GPU (bench/gpu_check.sh part D, jobs3) checks that the outputs equal jobs=1's."""
+    on a GPU (bench/gpu_check.sh part G, jobs3) checks that the outputs equal jobs=1's."""
     import torch
 
     from probeselect import score
@@ -196,6 +197,21 @@ def test_jobs_share_one_cuda_device(monkeypatch):
     monkeypatch.delenv("PROBESELECT_JOBS", raising=False)
     monkeypatch.setattr(score, "resolve_device", lambda d: torch.device(d))  # as on a machine with CUDA
     assert resolve_jobs(3, device="cuda") == 3 and resolve_jobs("2", device="cuda:0") == 2
+
+
+def test_a_worker_out_of_gpu_memory_says_to_use_fewer_jobs():
+    import torch
+
+    from probeselect import pilot as pilot_mod
+
+    oom = pilot_mod._portable(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    with pytest.raises(UsageError, match="out of GPU memory with 3 workers.*fewer jobs") as info:
+        pilot_mod._raise_worker_error(oom, "RUN/pilot", 3)
+    assert isinstance(info.value.__cause__, torch.OutOfMemoryError)
+    other = pilot_mod._portable(ValueError("bad data"))
+    with pytest.raises(ValueError, match="bad data") as info:
+        pilot_mod._raise_worker_error(other, "RUN/pilot", 3)
+    assert isinstance(info.value.__cause__, pilot_mod.WorkerTraceback)
 
 
 def test_cli_refuses_bad_jobs_before_writing(ladder_checkpoints, tiny_ladder, tmp_path, capsys):

@@ -166,3 +166,23 @@ def test_generation_and_audit_outputs(tiny_ladder, tmp_path):
     assert {"agree_correct", "agree_candidate_correct", "gen_task_rate"} <= set(summ.columns)
     m = json.loads((out / "manifest.json").read_text())
     assert {"generations.parquet", "audit.parquet", "audit_summary.csv"} <= set(m["outputs"])
+
+
+def test_use_device_makes_cuda_n_the_current_device(monkeypatch):
+    """``cuda:N`` becomes the process's current CUDA device (accelerate trains there; without it a ``cuda:1``
+    run scored on GPU 1 and fine-tuned on GPU 0), in one process only; ``cuda``/``cpu`` change nothing."""
+    import torch
+
+    from probeselect import score
+
+    calls = []
+    monkeypatch.setattr(score, "resolve_device", lambda d: torch.device(d))  # as on a machine with 2 GPUs
+    monkeypatch.setattr(torch.cuda, "set_device", calls.append)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert score.use_device("cuda:1") == torch.device("cuda:1") and calls == [1]
+    score.use_device("cuda")
+    score.use_device("cpu")
+    assert calls == [1]
+    monkeypatch.setenv("WORLD_SIZE", "2")  # under accelerate launch each rank keeps its own GPU
+    score.use_device("cuda:1")
+    assert calls == [1]

@@ -6,8 +6,6 @@ register their subcommands without an import circle.
 
 from __future__ import annotations
 
-import os
-
 # The one wording of --device for every subcommand that loads a model (score, pilot, confirm, run).
 DEVICE_HELP = "auto (CUDA if available, else CPU), cpu, cuda or cuda:N (default auto)"
 
@@ -17,13 +15,9 @@ def check_device(device: str) -> None:
     a single-process run (under ``accelerate launch`` each rank uses its own GPU)."""
     if device == "auto":
         return
-    from .score import resolve_device
+    from .score import use_device
 
-    dev = resolve_device(device)
-    if dev.type == "cuda" and dev.index is not None and int(os.environ.get("WORLD_SIZE", "1")) == 1:
-        import torch
-
-        torch.cuda.set_device(dev.index)
+    use_device(device)
 
 
 def add_scoring_options(p) -> None:

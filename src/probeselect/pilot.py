@@ -744,8 +744,11 @@ def _worker_init(blob: dict[str, Any]) -> None:
                 ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
         import torch
 
+        from .score import use_device
+
         torch.set_num_threads(max(1, int(blob["threads"])))
         torch.use_deterministic_algorithms(True, warn_only=True)
+        use_device(blob["pairs"]["device"])  # cuda:N: GPU N is this worker's current device too, as in the parent
         kw = dict(blob["pairs"])
         fmt = prompt_formatter(kw["tokenizer"], kw["recipe"].chat_template)
         _WORKER["pairs"] = _Pairs(fmt=fmt, progress=False, on_step=None, is_main=True, **kw)
@@ -839,9 +842,21 @@ def _run_bases_in_workers(pairs: "_Pairs", ckpts, jobs: int, threads: int, *, ev
         if r["error"] is not None and first_error is None:
             first_error = r["error"]
     if first_error is not None:
-        err = first_error["error"]
-        err.__cause__ = WorkerTraceback(first_error["traceback"])
-        raise err
+        _raise_worker_error(first_error, pairs.out, jobs)
+
+
+def _raise_worker_error(returned: dict[str, Any], out, jobs: int) -> None:
+    """Raise the error a worker returned (:func:`_portable`), its traceback as the cause; a GPU out of
+    memory (``jobs`` workers on one device hold ``jobs`` bases and CUDA contexts) with the fix."""
+    import torch
+
+    err = returned["error"]
+    err.__cause__ = WorkerTraceback(returned["traceback"])
+    if isinstance(err, torch.OutOfMemoryError):
+        raise UsageError(f"{out}: a pilot worker ran out of GPU memory with {jobs} workers sharing the device ({err}). "
+                         "Saved states are kept: re-run the same command with fewer jobs (jobs=1 trains one base at a "
+                         "time in this process) to resume.") from err
+    raise err
 
 
 def _invalid_transfer(transfer: pd.DataFrame) -> list[dict[str, Any]]:

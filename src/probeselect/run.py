@@ -347,6 +347,9 @@ def run_pipeline(config: str | Path, *, overrides: Sequence[str] = (), force: Se
     if unknown:
         raise RunConfigError(f"--force: unknown stage {sorted(unknown)[0]!r}; stages: {', '.join(STAGES)}.")
     pipe = _Pipeline(cfg, forced, progress, log)
+    from .score import use_device
+
+    use_device(pipe.device)  # a device the machine lacks is refused now; cuda:N: scoring and SFT both on GPU N
     pipe.out.mkdir(parents=True, exist_ok=True)
     from ._io import RunLock
 

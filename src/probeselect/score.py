@@ -143,6 +143,16 @@ def resolve_device(device: str = "auto") -> torch.device:
     return dev
 
 
+
+def use_device(device: str = "auto") -> torch.device:
+    """:func:`resolve_device`, and ``cuda:N`` made this process's current CUDA device (a single process:
+    under ``accelerate launch`` each rank keeps its own GPU). The trainer (accelerate) trains on the
+    current device, so without this a ``cuda:1`` run would score on GPU 1 and fine-tune on GPU 0."""
+    dev = resolve_device(device)
+    if dev.type == "cuda" and dev.index is not None and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        torch.cuda.set_device(dev.index)
+    return dev
+
 def _known_model_types() -> set[str]:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
