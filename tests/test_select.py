@@ -77,6 +77,22 @@ def test_constraint_excludes_the_best_transfer_base(run):
     assert math.isnan(t.loc["checkpoint-40", "p_best"])
 
 
+def test_an_exact_tie_ranks_in_the_comparisons_order(tmp_path):
+    """Two bases with the same accuracy sum (508 of 840 items over 3 seeds), whose float means pandas'
+    groupby and numpy round differently: ranking must not stop (it did, on an assert, in a late-harm
+    pilot) and the tie is no clear winner."""
+    counts = {"checkpoint-1200": [191, 133, 184], "checkpoint-1400": [185, 155, 168], "checkpoint-2000": [118, 118, 103]}
+    transfer = pd.DataFrame([dict(base=b, seed=s, metric="task_accuracy", value=c / 280)
+                             for b, cs in counts.items() for s, c in enumerate(cs)])
+    grouped = transfer.groupby("base")["value"].mean()
+    rows = {b: float(np.mean([c / 280 for c in cs])) for b, cs in counts.items()}
+    assert (grouped["checkpoint-1200"] >= grouped["checkpoint-1400"]) != (rows["checkpoint-1200"] >= rows["checkpoint-1400"])
+    r = rank_bases(PilotTables(tmp_path, transfer, None, None), SelectionSpec(primary="task_accuracy", bootstrap=2000))
+    assert {r.top, r.runner_up} == {"checkpoint-1200", "checkpoint-1400"} and r.verdict != "winner"
+    assert r.diff == pytest.approx(0.0, abs=1e-12)
+    assert list(r.table["base"])[:2] == [r.top, r.runner_up] and list(r.table["base"])[-1] == "checkpoint-2000"
+
+
 def test_t_intervals_match_the_formula_and_one_seed_has_none(tmp_path):
     """Three seeds: the per-base interval is mean +- t_{.975,2} sd/sqrt(3) of the seed values, the top-vs-
     runner-up interval the same on the paired seed differences (k = 2: no Bonferroni factor), and

@@ -320,9 +320,12 @@ def rank_bases(tables: PilotTables, spec: SelectionSpec, *, bases: list[str] | N
     seeds = _common_seeds(prim, bases, spec, src, notes)
     n_s = len(seeds)
     sign = 1.0 if spec.direction == "higher" else -1.0
-    point = _seed_means(transfer, spec.primary, bases, seeds, src)
     per_seed = (prim[prim["seed"].isin(seeds)].pivot_table(index="base", columns="seed", values="value", aggfunc="mean")
                 .reindex(index=bases, columns=seeds))
+    # the seed means that compare_top ranks by (numpy's row mean). pandas' groupby mean can round two
+    # exactly tied bases the other way (508/840 came out ...047 in both there and ...048 in numpy for one),
+    # and the eligible order must be the comparison's: a 9d late-harm pilot stopped on that assert.
+    point = pd.Series(per_seed.to_numpy(float).mean(axis=1), index=bases)
     table = pd.DataFrame({"base": bases, "primary_metric": spec.primary, "direction": spec.direction,
                           "value": point.to_numpy(float)})
     for s in seeds:
