@@ -365,7 +365,7 @@ class _Pipeline:
         paths = cfg["_paths"]
         self.out, self.ladder, self.run = Path(paths["out"]), Path(paths["ladder"]), Path(paths["run"])
         self.plan = Path(cfg["plan"])
-        self.device = cfg.get("device", "auto")
+        self.device = cfg.get("device") or "auto"  # null: auto, as when the key is absent
         self.forced, self.progress, self.log = forced, progress, log
         self.sc = cfg["score"]
         self.pilot_cfg = cfg["pilot"]
