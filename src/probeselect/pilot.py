@@ -297,6 +297,10 @@ def run_pilot(bases, recipe: Recipe | str | Path, out_dir: str | Path, *, progre
                           overrides=overrides, on_step=on_step, jobs=jobs, threads=n_threads)
 
 
+#: Device types on which ``jobs > 1`` worker processes may train bases at once (CUDA: all on the one device).
+JOBS_DEVICES = ("cpu", "cuda")
+
+
 def resolve_jobs(jobs: int | str | None, *, device: str = "auto", on_step=None) -> int:
     """The number of bases a pilot trains at once: ``jobs``, else ``PROBESELECT_JOBS``, else 1.
 
@@ -337,10 +341,6 @@ def resolve_jobs(jobs: int | str | None, *, device: str = "auto", on_step=None) 
         raise UsageError(f"{src}={n} trains bases in parallel worker processes on the CPU or on one CUDA device, "
                          f"but the device is {dev}: use jobs=1, or --device cpu.")
     return n
-
-
-#: Device types on which ``jobs > 1`` worker processes may train bases at once (CUDA: all on the one device).
-JOBS_DEVICES = ("cpu", "cuda")
 
 
 _NO_SPACE = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))

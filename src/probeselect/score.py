@@ -143,7 +143,6 @@ def resolve_device(device: str = "auto") -> torch.device:
     return dev
 
 
-
 def use_device(device: str = "auto") -> torch.device:
     """:func:`resolve_device`, and ``cuda:N`` made this process's current CUDA device (a single process:
     under ``accelerate launch`` each rank keeps its own GPU). The trainer (accelerate) trains on the
@@ -152,6 +151,7 @@ def use_device(device: str = "auto") -> torch.device:
     if dev.type == "cuda" and dev.index is not None and int(os.environ.get("WORLD_SIZE", "1")) == 1:
         torch.cuda.set_device(dev.index)
     return dev
+
 
 def _known_model_types() -> set[str]:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
