@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     from probeselect.select import load_pilot_tables, rank_bases
     from probeselect.toy.data import make_transfer_rows, read_jsonl
     from probeselect.toy.world import ToyWorld
-    from validity import TRUTH_SEED_START, TRUTH_STREAM, _truth_spec
+    from validity import TRUTH_OFF, TRUTH_SEED_START, TRUTH_STREAM, _truth_spec
 
     torch.set_num_threads(1)
     lad = a.ladder
@@ -62,8 +62,8 @@ def main(argv=None) -> int:
     suite = a.out / "truth_transfer.jsonl"
     suite.write_text("".join(json.dumps(r) + "\n" for r in truth))
     seeds = list(range(TRUTH_SEED_START, TRUTH_SEED_START + a.truth_seeds))
-    ov = [f"data.train={data / 'sft.jsonl'}", f"transfer.tasks={suite}", "transfer.robustness=null",
-          "transfer.heldout=null", "eval.every=0", f"seeds={json.dumps(seeds)}", *a.override]
+    ov = [f"data.train={data / 'sft.jsonl'}", f"transfer.tasks={suite}", *TRUTH_OFF, f"seeds={json.dumps(seeds)}",
+          *a.override]
     bases = [lad / f"checkpoint-{s}" for s in a.checkpoints]
     t0 = time.perf_counter()
     run_pilot(bases, str(ROOT / "recipes" / "confirm.yaml"), a.out / "truth", progress=False, device="cpu", overrides=ov)

@@ -46,10 +46,12 @@ def main(argv=None) -> int:
 
     if Path(probeselect.__file__).resolve().parent != (a.src.resolve() / "probeselect"):
         raise SystemExit(f"imported probeselect from {probeselect.__file__}, not from {a.src}")
+    sys.path.insert(1, str(ROOT / "bench"))
+    from validity import TRUTH_OFF, TRUTH_SEED_START  # after probeselect: the timed tree stays the imported one
     torch.set_num_threads(1)
-    seeds = list(range(100, 100 + a.truth_seeds))
-    ov = [f"data.train={a.ladder / 'data' / 'sft.jsonl'}", f"transfer.tasks={a.suite}", "transfer.robustness=null",
-          "transfer.heldout=null", "eval.every=0", f"seeds={json.dumps(seeds)}", *a.override]
+    seeds = list(range(TRUTH_SEED_START, TRUTH_SEED_START + a.truth_seeds))
+    ov = [f"data.train={a.ladder / 'data' / 'sft.jsonl'}", f"transfer.tasks={a.suite}", *TRUTH_OFF,
+          f"seeds={json.dumps(seeds)}", *a.override]
     bases = [a.ladder / f"checkpoint-{s}" for s in a.checkpoints]
     t0 = time.perf_counter()
     run_pilot(bases, str(ROOT / "recipes" / "confirm.yaml"), a.out, progress=False, device="cpu", overrides=ov)

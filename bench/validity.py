@@ -244,8 +244,13 @@ def _write_truth_suite(seed: int, out_root: Path, st: dict) -> dict:
             "probe_template_hits_truth": len(probe_template_matches(truth))}
 
 
+#: What the ground truth switches off in the confirmation recipe: the robustness items and the held-out SFT
+#: loss (it judges transfer on its own suite only). Also used by bench/late_harm_truth.py and bench/truth_time.py.
+TRUTH_OFF = ["transfer.robustness=null", "transfer.heldout=null", "eval.every=0"]
+
+
 def _truth_extra(st: dict, suite: Path) -> list[str]:
-    return (["transfer.robustness=null", "transfer.heldout=null", "eval.every=0"]
+    return (TRUTH_OFF
             + (TINY_RECIPE if st["tiny"] else []) + [f"transfer.tasks={suite}"])
 
 
