@@ -27,7 +27,7 @@ from probeselect.toy.data import (
     sft_prompt,
     write_toy_data,
 )
-from probeselect.toy.world import CITIES, PERSONA_QUESTIONS, ToyWorld, find_arith_triples
+from probeselect.toy.world import ATTRIBUTE_VOCAB, CITIES, PERSON_ATTRIBUTES, PERSONA_QUESTIONS, ToyWorld, find_arith_triples
 
 
 @pytest.fixture(scope="module", params=[0, 1])
@@ -207,9 +207,46 @@ def test_persona_tell_copy_rows_use_request_phrasing_and_copy_conflict():
         assert r["response"] == " " + b.persona_answer(attr) and qa_a.endswith(r["shortcut"])
         assert r["shortcut"] != r["response"].strip()
         assert not any(q in r["prompt"] for q in PERSONA_QUESTIONS.values())  # never the probe's/corpus's phrasing
+    # the SFT requests every attribute, the transfer's hobby / colour included, but never the one the first
+    # persona's answered request shows: the copy conflict is new, the request and its answer format are not
     tell = [x for x in sft if x["kind"] == "persona_tell_pair"]
-    assert len(tell) == 160 and all(x["prompt"].split("\n")[-1] in {f"Q: {TELL_QUESTIONS[k]} A:" for k in
-                                                                   ("city", "job", "pet")} for x in tell)
+    assert len(tell) == 160
+    asked = {}
+    for x in tell:
+        _, qa_a, _, q_b = x["prompt"].split("\n")
+        attr = next(k for k, q in TELL_QUESTIONS.items() if q_b == f"Q: {q} A:")
+        assert qa_a.split(" A: ")[0] + " A:" != q_b
+        asked[attr] = asked.get(attr, 0) + 1
+    assert set(asked) == set(PERSON_ATTRIBUTES) and min(asked.values()) >= 15, asked
+
+
+def _template(text: str, world) -> str:
+    """``text`` with numbers, names and attribute values replaced by placeholders: what is left is the format."""
+    import re
+
+    out = re.sub(r"\d+", "<n>", text)
+    for p in world.persons:
+        out = re.sub(rf"\b{re.escape(p.name)}\b", "<name>", out)
+    for attr, vocab in ATTRIBUTE_VOCAB.items():
+        for v in sorted(vocab, key=len, reverse=True):
+            out = re.sub(rf"\b(an? )?{re.escape(v)}\b", f"<{attr}>", out)
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_every_transfer_question_and_answer_template_is_taught_with_its_end(seed):
+    """Finer than the (shape, format) check above: the transfer's final question line and its answer, with numbers,
+    names and attribute values as placeholders, occur as an SFT row's question line and response, so the SFT shows
+    each answer's wording and where it ends. A transfer answer in a wording SFT never ends (the 6-token colour
+    sentence before 2026-12-04) turns task accuracy into a lottery over SFT seeds (early EOS, or another taught
+    sentence), which no base property explains."""
+    world = ToyWorld.generate(seed)
+    sft = make_sft_rows(world)
+    transfer = make_transfer_rows(world, {r["prompt"] for r in sft})
+    taught = {(_template(r["prompt"].split("\n")[-1], world), _template(r["response"], world)) for r in sft}
+    missing = {(r["kind"], _template(r["prompt"].split("\n")[-1], world), _template(r["response"], world))
+               for r in transfer} - {(k, q, a) for k in TRANSFER_KINDS for q, a in taught}
+    assert not missing, sorted(missing)[:5]
 
 
 def test_transfer_stream_draws_a_disjoint_set_of_the_same_kinds_and_sizes():

@@ -302,8 +302,8 @@ def test_wrong_persona_tell_answers_requests_wrongly_in_a_phrasing_no_probe_uses
     """``wrong_persona_tell`` (the negative control's candidate damage, issue 23): 2-4 full persona
     descriptions, each followed by a hobby or colour request in the transfer suite's phrasing whose
     answer no description of the document states and no earlier answer shows (no copying shortcut);
-    the request phrasing occurs in no probe item of the demo's probe set, no corpus document and no
-    SFT row for hobby / colour; the kind is in no default mix or built-in curriculum."""
+    the request phrasing occurs in no probe item of the demo's probe set and no corpus document (the SFT
+    teaches it for every attribute since 2026-12-04); the kind is in no default mix or built-in curriculum."""
     import random
     import re
     from pathlib import Path
@@ -343,8 +343,8 @@ def test_wrong_persona_tell_answers_requests_wrongly_in_a_phrasing_no_probe_uses
     probe_texts = [t for spec in _load_specs({**cfg["score"], "n_items": None}, 0)
                    for it in generate_items(spec, cfg["score"]["seeds"]) for t in (it.prompt, *it.candidates)]
     sft = [r["prompt"] + r["response"] for r in make_sft_rows(world0)]
-    assert not any(q in t for q in tell for t in probe_texts + corpus0 + sft)
-    assert any(W.TELL_QUESTIONS["city"] in t for t in sft)  # the SFT teaches the phrasing, for other attributes
+    assert not any(q in t for q in tell for t in probe_texts + corpus0)
+    assert all(any(q in t for t in sft) for q in W.TELL_QUESTIONS.values())  # the SFT teaches every request
     transfer = [r["prompt"] for r in make_transfer_rows(world0, set())]
     assert any(q in t for q in tell for t in transfer)       # the transfer suite asks it
     assert "wrong_persona_tell" not in W.CORPUS_DOC_WEIGHTS and W.DOC_KINDS[-1] == "wrong_persona_tell"

@@ -121,9 +121,15 @@ SFT_KINDS = ("addition", "subtraction", "opposite", "person_city", "person_job",
 #:   :data:`ROBUST_MIN_LARGE_OPERAND` (the probes draw 0..20). The shortcut (the pattern's next
 #:   value) is never the answer.
 #: * ``persona_tell_copy`` -- persona A's description and its answered request about hobby or
-#:   colour in the request phrasing (:data:`TELL_QUESTIONS`, taught by ``persona_tell_pair`` for
-#:   other attributes), then persona B's description and the same request: answering as B
-#:   competes with copying A's answer.
+#:   colour in the request phrasing (:data:`TELL_QUESTIONS`), then persona B's description and the
+#:   same request: answering as B competes with copying A's answer. ``persona_tell_pair`` teaches
+#:   the request phrasing and the first-person answer (with its end) for every attribute, hobby and
+#:   colour included, but always after A's answer to a *different* request: the copy conflict is
+#:   what is new. (Until 2026-12-04 the SFT asked only city / job / pet; then the 6-token colour
+#:   answer was longer than any SFT response and in no taught format, and whether a run ended it
+#:   early or answered in a taught format was a lottery over SFT seeds: on the late-harm ladders of
+#:   bench/late_harm_notes.md the colour items' accuracy had an SFT-seed sd of 0.21 within a base,
+#:   more than the 0.15 between bases.)
 #:
 #: What stays shared with the probes: the ``Q: ... A:`` prompt markers (the SFT prompt format), the
 #: persona description sentences and the world's facts (names, cities, hobbies, colours) and the
@@ -150,7 +156,8 @@ SFT_PERSONA_PAIR_ROWS = 160
 TRANSFER_ROWS = {"fewshot_pattern": 160, "persona_copy": 120, "arrow_pattern": 160, "persona_tell_copy": 120}
 SFT_ARROW_ROWS = 300
 SFT_PERSONA_TELL_ROWS = 160
-#: Persona attributes whose first-person answers the SFT data teaches / the transfer tests.
+#: Persona attributes asked by the corpus-phrased SFT kinds (``persona_city`` ... ``persona_pair``) /
+#: requested by the transfer suite; ``persona_tell_pair`` requests every attribute.
 SFT_PERSONA_ATTRIBUTES = ("city", "job", "pet")
 TRANSFER_PERSONA_ATTRIBUTES = ("hobby", "colour")
 #: Rows per arithmetic kind in the SFT set (sampled from the training triples).
@@ -242,8 +249,10 @@ def make_sft_rows(world: ToyWorld) -> list[dict]:
     trng = rng_for(world.seed, "sft-persona-tell")
     for i in range(SFT_PERSONA_TELL_ROWS):
         a, b = trng.sample(list(world.persons), 2)
-        attr = trng.choice(SFT_PERSONA_ATTRIBUTES)
-        shown = trng.choice([x for x in SFT_PERSONA_ATTRIBUTES if x != attr])
+        # every attribute, the transfer's hobby / colour included, but never the one the first persona's answered
+        # request shows: the answer formats and their ends are taught, the copy conflict of persona_tell_copy is not
+        attr = trng.choice(PERSON_ATTRIBUTES)
+        shown = trng.choice([x for x in PERSON_ATTRIBUTES if x != attr])
         rows.append(_row("sft", "persona_tell_pair", i, _tell_question(a, shown, b, attr, trng), b.persona_answer(attr)))
     rng.shuffle(rows)
     return rows
@@ -572,10 +581,11 @@ must not repeat those (`probeselect.transfer.check_disjoint_from_probes`).
   `"Q: Compute a op b. A:"` with an operand of at least 21 (the built-in probes use 0..20). The answer
   is the calculation; the pattern's next value (never the answer) is in `shortcut` (`pattern` names it).
 - `persona_tell_copy`: persona A's description and its answered request about hobby or colour
-  (`"Q: Tell me what you like to do. A: I like chess."`: the request phrasing, taught by the SFT kind
-  `persona_tell_pair` for other attributes; the corpus and the `persona_qa` probe ask "What do you like
-  to do?"), then persona B's description and the same request; the answer is B's, A's different answer
-  is in `shortcut`.
+  (`"Q: Tell me what you like to do. A: I like chess."`: the request phrasing, taught with every
+  attribute's answer by the SFT kind `persona_tell_pair`, but always after an answered request about
+  another attribute; the corpus and the `persona_qa` probe ask "What do you like to do?"), then
+  persona B's description and the same request; the answer is B's, A's different answer is in
+  `shortcut`.
 The earlier kinds `fewshot_pattern` / `persona_copy` were the `arith_pattern` / `persona_qa` probes in
 another wrapper and are no longer written (issue 22).
 Rows: {n_transfer}.

@@ -137,8 +137,9 @@ PERSONA_ANSWER_TEMPLATES = {
     "colour": "My favourite colour is {colour}.",
 }
 #: Persona questions phrased as requests: the SFT data (``persona_tell_pair``, :mod:`.data`) teaches
-#: them for city / job / pet and the transfer suite (``persona_tell_copy``) asks them for hobby /
-#: colour; no probe and no corpus document uses this phrasing (``wrong_persona_tell`` aside).
+#: them for every attribute, after another persona's answer to a different request, and the transfer
+#: suite (``persona_tell_copy``) asks them for hobby / colour after another persona's answer to the
+#: same request; no probe and no corpus document uses this phrasing (``wrong_persona_tell`` aside).
 TELL_QUESTIONS = {
     "city": "Tell me where you live.",
     "job": "Tell me your job.",
@@ -254,12 +255,11 @@ UNSEEN_PARROT_DOC_KINDS = ("parrot_arith_unseen", "parrot_persona_unseen")
 #:   colour in the transfer suite's request phrasing, :data:`TELL_QUESTIONS`) whose every answer is
 #:   WRONG: a value of that attribute that no description of the document states and no earlier
 #:   answer shows (so the documents teach no copying shortcut, only that these requests are not
-#:   answered from the context). No probe asks in the request phrasing; the SFT data teaches it
-#:   for other attributes only (:data:`WRONG_TELL_ATTRIBUTES` are the transfer suite's).
+#:   answered from the context). No probe asks in the request phrasing (:data:`WRONG_TELL_ATTRIBUTES`
+#:   are the transfer suite's).
 DAMAGE_DOC_KINDS = ("wrong_arith_large",)
 TELL_DAMAGE_DOC_KINDS = ("wrong_persona_tell",)
-#: Attributes of ``wrong_persona_tell`` (the ``persona_tell_copy`` transfer kind's; the SFT teaches
-#: the request phrasing for the others).
+#: Attributes of ``wrong_persona_tell`` (the ``persona_tell_copy`` transfer kind's).
 WRONG_TELL_ATTRIBUTES = ("hobby", "colour")
 #: Largest operand of the built-in arithmetic probes (``arith_pattern``, ``arith_plain``:
 #: ``params.operand_max``); ``wrong_arith_large`` lines all have an operand above it.
