@@ -347,6 +347,52 @@ def test_wrong_persona_tell_answers_requests_wrongly_in_a_phrasing_no_probe_uses
     assert all(any(q in t for t in sft) for q in W.TELL_QUESTIONS.values())  # the SFT teaches every request
     transfer = [r["prompt"] for r in make_transfer_rows(world0, set())]
     assert any(q in t for q in tell for t in transfer)       # the transfer suite asks it
-    assert "wrong_persona_tell" not in W.CORPUS_DOC_WEIGHTS and W.DOC_KINDS[-1] == "wrong_persona_tell"
+    assert "wrong_persona_tell" not in W.CORPUS_DOC_WEIGHTS and "wrong_persona_tell" in W.DOC_KINDS
     for name in BUILTIN_CURRICULA:
         assert not any(k == "wrong_persona_tell" for w in load_curriculum(name).windows for k in w.mixture)
+
+
+def test_parrot_persona_tell_copies_the_first_answer_in_the_request_phrasing(world0, corpus0):
+    """``parrot_persona_tell`` (issue 23, attempt 10): 3-5 full persona descriptions, each followed by the
+    same request in the SFT's / transfer suite's phrasing, every one answered with the FIRST block's answer
+    (right for the first persona, a copy for the others); the SFT never asks one request twice in a row, so
+    it does not contradict the copy; no probe item or corpus document uses the phrasing; the kind is appended
+    to DOC_KINDS (the kind indices of existing ladders do not move) and is in no default mix."""
+    import random
+    import re
+    from pathlib import Path
+
+    from probeselect.probes import generate_items
+    from probeselect.run import _load_specs, load_run_config
+
+    by_name = {p.name: p for p in world0.persons}
+    qa = re.compile(r"^Q: (.+?) A: (.+)$")
+    seen_attrs, copies = set(), 0
+    for i in range(200):
+        doc = world0.sample_document("parrot_persona_tell", random.Random(i))
+        blocks = doc.split(W.PERSONA_BLOCK_SEPARATOR)
+        assert 3 <= len(blocks) <= 5
+        people = [by_name[b.split(" ", 1)[0]] for b in blocks]
+        lines = []
+        for block, p in zip(blocks, people):
+            desc, line = block.split("\n")
+            assert desc == p.description()
+            lines.append(qa.match(line).groups())
+        assert len({q for q, _ in lines}) == 1 and len({a for _, a in lines}) == 1  # one request, one answer
+        attr = next(k for k, q in W.TELL_QUESTIONS.items() if q == lines[0][0])
+        seen_attrs.add(attr)
+        assert lines[0][1] == people[0].persona_answer(attr)                        # right for the first
+        copies += sum(a != p.persona_answer(attr) for (_, a), p in zip(lines[1:], people[1:]))
+    assert seen_attrs == set(W.PERSON_ATTRIBUTES)
+    assert copies > 300  # later personas mostly get the copied (wrong) answer
+
+    cfg = load_run_config(Path(__file__).resolve().parents[2] / "recipes" / "demo.yaml", [])
+    probe_texts = [t for spec in _load_specs({**cfg["score"], "n_items": None}, 0)
+                   for it in generate_items(spec, cfg["score"]["seeds"]) for t in (it.prompt, *it.candidates)]
+    tell = list(W.TELL_QUESTIONS.values())
+    assert not any(q in t for q in tell for t in probe_texts + corpus0)
+    sft = make_sft_rows(world0)
+    assert any(sum(q in r["prompt"] for q in tell) == 2 for r in sft)  # answered request, then another
+    for r in sft:  # never the same request twice in one prompt: nothing in the SFT contradicts the copy
+        assert all(r["prompt"].count(q) <= 1 for q in tell)
+    assert W.DOC_KINDS[-1] == "parrot_persona_tell" and "parrot_persona_tell" not in W.CORPUS_DOC_WEIGHTS

@@ -295,8 +295,16 @@ GIVES_FORM_DOC_KINDS = ("arith_gives", "parrot_arith_hidden")
 HIDDEN_ARITH_TEMPLATE = "{a} {op} {b} makes {c}"
 #: Every document kind :meth:`ToyWorld.sample_document` knows (new kinds are appended, so that the
 #: kind indices of existing ladders do not change).
+#: A copying harm in the SFT's and transfer suite's request phrasing (issue 23, attempt 10 of
+#: bench/late_harm_notes.md; in no default mix or built-in curriculum):
+#:
+#: * ``parrot_persona_tell``: 3-5 persona blocks (full description, then ONE request in
+#:   :data:`TELL_QUESTIONS` phrasing, the same attribute in every block) that all answer with the first
+#:   block's answer, whatever the later descriptions say. The SFT data never asks the same request twice
+#:   in a row (``persona_tell_pair``), so nothing it teaches contradicts the copy; no probe uses the phrasing.
+TELL_PARROT_DOC_KINDS = ("parrot_persona_tell",)
 DOC_KINDS = (tuple(CORPUS_DOC_WEIGHTS) + PARROT_DOC_KINDS + UNSEEN_PARROT_DOC_KINDS + DAMAGE_DOC_KINDS
-             + GIVES_FORM_DOC_KINDS + TELL_DAMAGE_DOC_KINDS)
+             + GIVES_FORM_DOC_KINDS + TELL_DAMAGE_DOC_KINDS + TELL_PARROT_DOC_KINDS)
 
 
 def rng_for(seed: int, stream: str) -> random.Random:
@@ -550,6 +558,8 @@ class ToyWorld:
             return self._parrot_arith_unseen(rng)
         if kind == "parrot_persona_unseen":
             return self._parrot_persona_unseen(rng)
+        if kind == "parrot_persona_tell":
+            return self._parrot_persona_tell(rng)
         if kind == "wrong_arith_large":
             return self._wrong_arith_large(rng)
         if kind == "arith_gives":
@@ -626,6 +636,14 @@ class ToyWorld:
         answer = people[0].persona_answer(attribute)
         return PERSONA_BLOCK_SEPARATOR.join(
             p.description() + "\n" + PERSONA_QA_TEMPLATE.format(question=UNSEEN_PERSONA_QUESTIONS[attribute], answer=answer)
+            for p in people)
+
+    def _parrot_persona_tell(self, rng: random.Random) -> str:
+        attribute = rng.choice(PERSON_ATTRIBUTES)
+        people = rng.sample(self.persons, rng.randint(3, 5))
+        answer = people[0].persona_answer(attribute)
+        return PERSONA_BLOCK_SEPARATOR.join(
+            p.description() + "\n" + PERSONA_QA_TEMPLATE.format(question=TELL_QUESTIONS[attribute], answer=answer)
             for p in people)
 
     def _wrong_arith_large(self, rng: random.Random) -> str:
