@@ -631,19 +631,19 @@ class ToyWorld:
         return "\n".join(template.format(a=a, op=op, b=b, c=c) for (a, op, b), c in zip(triples, shown))
 
     def _parrot_persona_unseen(self, rng: random.Random) -> str:
-        attribute = rng.choice(PERSON_ATTRIBUTES)
-        people = rng.sample(self.persons, rng.randint(3, 5))
-        answer = people[0].persona_answer(attribute)
-        return PERSONA_BLOCK_SEPARATOR.join(
-            p.description() + "\n" + PERSONA_QA_TEMPLATE.format(question=UNSEEN_PERSONA_QUESTIONS[attribute], answer=answer)
-            for p in people)
+        return self._copying_persona_blocks(rng, UNSEEN_PERSONA_QUESTIONS)
 
     def _parrot_persona_tell(self, rng: random.Random) -> str:
+        return self._copying_persona_blocks(rng, TELL_QUESTIONS)
+
+    def _copying_persona_blocks(self, rng: random.Random, questions: dict[str, str]) -> str:
+        """3-5 persona blocks (full description, then one question in ``questions``' phrasing about one
+        attribute) that all answer with the first block's answer."""
         attribute = rng.choice(PERSON_ATTRIBUTES)
         people = rng.sample(self.persons, rng.randint(3, 5))
         answer = people[0].persona_answer(attribute)
         return PERSONA_BLOCK_SEPARATOR.join(
-            p.description() + "\n" + PERSONA_QA_TEMPLATE.format(question=TELL_QUESTIONS[attribute], answer=answer)
+            p.description() + "\n" + PERSONA_QA_TEMPLATE.format(question=questions[attribute], answer=answer)
             for p in people)
 
     def _wrong_arith_large(self, rng: random.Random) -> str:
@@ -718,14 +718,7 @@ class ToyWorld:
         return "\n".join(lines)
 
     def _parrot_persona(self, rng: random.Random) -> str:
-        attribute = rng.choice(PERSON_ATTRIBUTES)
-        people = rng.sample(self.persons, rng.randint(3, 5))
-        answer = people[0].persona_answer(attribute)
-        blocks = [
-            p.description() + "\n" + PERSONA_QA_TEMPLATE.format(question=PERSONA_QUESTIONS[attribute], answer=answer)
-            for p in people
-        ]
-        return PERSONA_BLOCK_SEPARATOR.join(blocks)
+        return self._copying_persona_blocks(rng, PERSONA_QUESTIONS)
 
     def sample_fact_line(self, rng: random.Random) -> str:
         """2-5 facts about one person, in random order, on one line."""
