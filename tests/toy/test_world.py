@@ -183,6 +183,19 @@ def test_write_toy_data_deterministic(tmp_path, world0):
 # ---------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
+def demo_probe_texts():
+    """Every prompt and candidate of the demo's probe set (recipes/demo.yaml, all items)."""
+    from pathlib import Path
+
+    from probeselect.probes import generate_items
+    from probeselect.run import _load_specs, load_run_config
+
+    cfg = load_run_config(Path(__file__).resolve().parents[2] / "recipes" / "demo.yaml", [])
+    return [t for spec in _load_specs({**cfg["score"], "n_items": None}, 0)
+            for it in generate_items(spec, cfg["score"]["seeds"]) for t in (it.prompt, *it.candidates)]
+
+
+@pytest.fixture(scope="module")
 def tokenizer():
     from probeselect.toy.ladder import train_tokenizer
 
@@ -274,31 +287,24 @@ def test_gives_form_kinds_true_lines_and_hidden_parrots(world0):
         assert not any(k in W.GIVES_FORM_DOC_KINDS for w in load_curriculum(name).windows for k in w.mixture)
 
 
-def test_hidden_arith_form_is_used_by_no_probe_transfer_or_corpus_text(world0, corpus0):
+def test_hidden_arith_form_is_used_by_no_probe_transfer_or_corpus_text(world0, corpus0, demo_probe_texts):
     """``a op b makes k`` (parrot_arith_hidden) occurs in no built-in probe item of the demo's probe set,
     no SFT / transfer / held-out row and no default-corpus document; ``a op b gives k`` in none of
     the probe items, SFT rows or corpus documents either."""
     import re
-    from pathlib import Path
-
-    from probeselect.probes import generate_items
-    from probeselect.run import _load_specs, load_run_config
 
     hidden = re.compile(r"\d+ (?:[+-]|plus|minus) \d+ makes\b")
     gives = re.compile(r"\d+ (?:[+-]|plus|minus) \d+ gives\b")
     assert hidden.search(W.HIDDEN_ARITH_TEMPLATE.format(a=12, op="+", b=5, c=3))
-    cfg = load_run_config(Path(__file__).resolve().parents[2] / "recipes" / "demo.yaml", [])
-    probe_texts = [t for spec in _load_specs({**cfg["score"], "n_items": None}, 0)
-                   for it in generate_items(spec, cfg["score"]["seeds"]) for t in (it.prompt, *it.candidates)]
-    assert len(probe_texts) > 100
+    assert len(demo_probe_texts) > 100
     sft = make_sft_rows(world0)
     rows = [r["prompt"] + r["response"] for r in sft + make_transfer_rows(world0, {r["prompt"] for r in sft})]
-    texts = probe_texts + rows + make_heldout_lines(world0, corpus0) + corpus0
+    texts = demo_probe_texts + rows + make_heldout_lines(world0, corpus0) + corpus0
     assert not any(hidden.search(t) for t in texts)
-    assert not any(gives.search(t) for t in probe_texts + [r["prompt"] + r["response"] for r in sft] + corpus0)
+    assert not any(gives.search(t) for t in demo_probe_texts + [r["prompt"] + r["response"] for r in sft] + corpus0)
 
 
-def test_wrong_persona_tell_answers_requests_wrongly_in_a_phrasing_no_probe_uses(world0, corpus0):
+def test_wrong_persona_tell_answers_requests_wrongly_in_a_phrasing_no_probe_uses(world0, corpus0, demo_probe_texts):
     """``wrong_persona_tell`` (the negative control's candidate damage, issue 23): 2-4 full persona
     descriptions, each followed by a hobby or colour request in the transfer suite's phrasing whose
     answer no description of the document states and no earlier answer shows (no copying shortcut);
@@ -306,10 +312,7 @@ def test_wrong_persona_tell_answers_requests_wrongly_in_a_phrasing_no_probe_uses
     teaches it for every attribute since 2026-12-04); the kind is in no default mix or built-in curriculum."""
     import random
     import re
-    from pathlib import Path
 
-    from probeselect.probes import generate_items
-    from probeselect.run import _load_specs, load_run_config
     from probeselect.toy.curriculum import BUILTIN_CURRICULA, load_curriculum
 
     by_name = {p.name: p for p in world0.persons}
@@ -339,11 +342,8 @@ def test_wrong_persona_tell_answers_requests_wrongly_in_a_phrasing_no_probe_uses
     assert seen_attrs == set(W.WRONG_TELL_ATTRIBUTES)
 
     tell = [W.TELL_QUESTIONS[k] for k in W.WRONG_TELL_ATTRIBUTES]
-    cfg = load_run_config(Path(__file__).resolve().parents[2] / "recipes" / "demo.yaml", [])
-    probe_texts = [t for spec in _load_specs({**cfg["score"], "n_items": None}, 0)
-                   for it in generate_items(spec, cfg["score"]["seeds"]) for t in (it.prompt, *it.candidates)]
     sft = [r["prompt"] + r["response"] for r in make_sft_rows(world0)]
-    assert not any(q in t for q in tell for t in probe_texts + corpus0)
+    assert not any(q in t for q in tell for t in demo_probe_texts + corpus0)
     assert all(any(q in t for t in sft) for q in W.TELL_QUESTIONS.values())  # the SFT teaches every request
     transfer = [r["prompt"] for r in make_transfer_rows(world0, set())]
     assert any(q in t for q in tell for t in transfer)       # the transfer suite asks it
@@ -352,7 +352,7 @@ def test_wrong_persona_tell_answers_requests_wrongly_in_a_phrasing_no_probe_uses
         assert not any(k == "wrong_persona_tell" for w in load_curriculum(name).windows for k in w.mixture)
 
 
-def test_parrot_persona_tell_copies_the_first_answer_in_the_request_phrasing(world0, corpus0):
+def test_parrot_persona_tell_copies_the_first_answer_in_the_request_phrasing(world0, corpus0, demo_probe_texts):
     """``parrot_persona_tell`` (issue 23, attempt 10): 3-5 full persona descriptions, each followed by the
     same request in the SFT's / transfer suite's phrasing, every one answered with the FIRST block's answer
     (right for the first persona, a copy for the others); the SFT never asks one request twice in a row, so
@@ -360,10 +360,6 @@ def test_parrot_persona_tell_copies_the_first_answer_in_the_request_phrasing(wor
     to DOC_KINDS (the kind indices of existing ladders do not move) and is in no default mix."""
     import random
     import re
-    from pathlib import Path
-
-    from probeselect.probes import generate_items
-    from probeselect.run import _load_specs, load_run_config
 
     by_name = {p.name: p for p in world0.persons}
     qa = re.compile(r"^Q: (.+?) A: (.+)$")
@@ -386,11 +382,8 @@ def test_parrot_persona_tell_copies_the_first_answer_in_the_request_phrasing(wor
     assert seen_attrs == set(W.PERSON_ATTRIBUTES)
     assert copies > 300  # later personas mostly get the copied (wrong) answer
 
-    cfg = load_run_config(Path(__file__).resolve().parents[2] / "recipes" / "demo.yaml", [])
-    probe_texts = [t for spec in _load_specs({**cfg["score"], "n_items": None}, 0)
-                   for it in generate_items(spec, cfg["score"]["seeds"]) for t in (it.prompt, *it.candidates)]
     tell = list(W.TELL_QUESTIONS.values())
-    assert not any(q in t for q in tell for t in probe_texts + corpus0)
+    assert not any(q in t for q in tell for t in demo_probe_texts + corpus0)
     sft = make_sft_rows(world0)
     assert any(sum(q in r["prompt"] for q in tell) == 2 for r in sft)  # answered request, then another
     for r in sft:  # never the same request twice in one prompt: nothing in the SFT contradicts the copy

@@ -293,8 +293,6 @@ UNSEEN_PERSONA_QUESTIONS = {
 GIVES_FORM_DOC_KINDS = ("arith_gives", "parrot_arith_hidden")
 #: Solved-line format of ``parrot_arith_hidden`` (no probe, corpus, transfer or other planted format).
 HIDDEN_ARITH_TEMPLATE = "{a} {op} {b} makes {c}"
-#: Every document kind :meth:`ToyWorld.sample_document` knows (new kinds are appended, so that the
-#: kind indices of existing ladders do not change).
 #: A copying harm in the SFT's and transfer suite's request phrasing (issue 23, attempt 10 of
 #: bench/late_harm_notes.md; in no default mix or built-in curriculum):
 #:
@@ -303,6 +301,8 @@ HIDDEN_ARITH_TEMPLATE = "{a} {op} {b} makes {c}"
 #:   block's answer, whatever the later descriptions say. The SFT data never asks the same request twice
 #:   in a row (``persona_tell_pair``), so nothing it teaches contradicts the copy; no probe uses the phrasing.
 TELL_PARROT_DOC_KINDS = ("parrot_persona_tell",)
+#: Every document kind :meth:`ToyWorld.sample_document` knows (new kinds are appended, so that the
+#: kind indices of existing ladders do not change).
 DOC_KINDS = (tuple(CORPUS_DOC_WEIGHTS) + PARROT_DOC_KINDS + UNSEEN_PARROT_DOC_KINDS + DAMAGE_DOC_KINDS
              + GIVES_FORM_DOC_KINDS + TELL_DAMAGE_DOC_KINDS + TELL_PARROT_DOC_KINDS)
 
