@@ -314,20 +314,33 @@ def test_small_late_harm_ladder_loss_improves_while_the_pattern_margin_falls(tmp
 
 def test_demo_late_is_the_demo_on_the_late_harm_ladder():
     """recipes/demo-late.yaml (make demo-late) differs from recipes/demo.yaml only in its output
-    folder, the ladder's curriculum and the plan; the plan ranks every conflict family the demo scores."""
+    folder, the ladder's curriculum, the plan and the pilot's and confirmation's 6 SFT seeds (the
+    plan's min_sft_seeds, which the recipes meet); the plan ranks every conflict family the demo scores."""
+    import dataclasses
+
     from probeselect.plan import load_selection_plan
+    from probeselect.sft.recipe import load_recipe
 
     demo = load_yaml(ROOT / "recipes" / "demo.yaml")
     late = load_yaml(ROOT / "recipes" / "demo-late.yaml")
     assert late["ladder"] == {"toy": {"seed": 0, "curriculum": "late-harm"}}
     assert late["plan"] == "recipes/selection-late-harm.yaml" and late["out"] == "results/demo-late"
-    assert {k: v for k, v in late.items() if k not in ("ladder", "plan", "out")} == \
-           {k: v for k, v in demo.items() if k not in ("ladder", "plan", "out")}
+    six = "seeds=[0, 1, 2, 3, 4, 5]"
+    for stage in ("pilot", "confirm"):
+        assert late[stage]["overrides"] == [six] + demo[stage]["overrides"]
+        assert load_recipe(ROOT / late[stage]["recipe"], [six], check_files=False).seeds == (0, 1, 2, 3, 4, 5)
+    drop = ("ladder", "plan", "out", "pilot", "confirm")
+    assert {k: v for k, v in late.items() if k not in drop} == {k: v for k, v in demo.items() if k not in drop}
+    for stage in ("pilot", "confirm"):
+        assert {k: v for k, v in late[stage].items() if k != "overrides"} == \
+               {k: v for k, v in demo[stage].items() if k != "overrides"}
     plan = load_selection_plan(ROOT / late["plan"])
     default = load_selection_plan(ROOT / demo["plan"])
     conflict = {"arith_pattern", "tmpl_repeated", "tmpl_flipped", "tmpl_mismatch", "persona_qa"}
     assert {p.family for p in plan.shortlist.proxies} == conflict
-    assert plan.selection == default.selection and plan.shortlist.k == default.shortlist.k
+    assert plan.selection.min_sft_seeds == 6 and default.selection.min_sft_seeds == 3
+    assert dataclasses.replace(plan.selection, min_sft_seeds=3) == default.selection
+    assert plan.shortlist.k == default.shortlist.k
 
 
 def test_tokenizer_corpus_is_selectable_in_a_run_config_and_checked(tmp_path):
