@@ -404,3 +404,41 @@ def test_validity_smoke_two_curricula(tmp_path, monkeypatch):
     assert list(pooled["selector"]) == list(mod.SELECTORS) and (pooled["n_seeds"] == 2).all()
     md = (out / "curricula.md").read_text()
     assert "## uniform" in md and "## late-harm" in md and "## pooled over uniform, late-harm" in md
+
+
+def test_interval_items_adds_the_item_variance_to_the_seed_only_interval():
+    """bench/interval_items.py: with every item moving together (no item variance beyond the seed
+    shift) the seeds+items interval is the seed-only one; with item-to-item spread and the same seed
+    means it is wider, and the seed-only half-width is select.compare_top's (same t, Bonferroni)."""
+    spec = importlib.util.spec_from_file_location("interval_items", REPO / "bench" / "interval_items.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    from probeselect.select import compare_top
+
+    rng = np.random.default_rng(0)
+    n_items, seeds = 40, [0, 1, 2, 3]
+    shift = {0: 0.10, 1: 0.05, 2: 0.08, 3: 0.12}          # per-seed difference top - other
+
+    def frame(spread):
+        rows = []
+        for s in seeds:
+            item_d = shift[s] + spread * rng.standard_normal(n_items)
+            item_d += shift[s] - item_d.mean()              # the seed mean stays exactly shift[s]
+            for i in range(n_items):
+                rows += [{"base": "a", "seed": s, "metric": "m", "item_id": f"i{i}", "value": 0.5 + item_d[i]},
+                         {"base": "b", "seed": s, "metric": "m", "item_id": f"i{i}", "value": 0.5}]
+        return pd.DataFrame(rows)
+
+    flat = mod.intervals(frame(0.0), "a", "b", "m", n_comparisons=2)
+    cmp = compare_top(np.array([[0.5 + shift[s] for s in seeds], [0.5] * 4]))
+    h = cmp.half[1] if np.ndim(cmp.half) else cmp.half
+    # compare_top with k = 2 has one comparison; redo its half-width with 2 comparisons (Bonferroni)
+    from scipy.stats import t as student_t
+    h2 = h / student_t.ppf(0.975, 3) * student_t.ppf(1 - 0.05 / 4, 3)
+    assert flat["diff"] == pytest.approx(np.mean(list(shift.values())), abs=1e-12)
+    assert flat["seed_hi"] - flat["diff"] == pytest.approx(h2, rel=1e-9)
+    assert (flat["both_lo"], flat["both_hi"]) == pytest.approx((flat["seed_lo"], flat["seed_hi"]), abs=1e-9)
+    spread = mod.intervals(frame(0.6), "a", "b", "m", n_comparisons=2)
+    assert spread["seed_lo"] == pytest.approx(flat["seed_lo"], abs=1e-9)   # same seed means
+    assert spread["both_hi"] - spread["both_lo"] > 1.5 * (flat["both_hi"] - flat["both_lo"])
+    assert spread["widen"] > 1.5 and flat["widen"] == pytest.approx(1.0)
