@@ -315,7 +315,8 @@ def test_small_late_harm_ladder_loss_improves_while_the_pattern_margin_falls(tmp
 def test_demo_late_is_the_demo_on_the_late_harm_ladder():
     """recipes/demo-late.yaml (make demo-late) differs from recipes/demo.yaml only in its output
     folder, the ladder's curriculum, the plan and the pilot's and confirmation's 6 SFT seeds (the
-    plan's min_sft_seeds, which the recipes meet); the plan ranks every conflict family the demo scores."""
+    plan's min_sft_seeds, which the recipes meet); the plan ranks every conflict family the demo scores
+    and shortlists one base more than the default (k = 4: one per data window and the best remaining)."""
     import dataclasses
 
     from probeselect.plan import load_selection_plan
@@ -340,7 +341,8 @@ def test_demo_late_is_the_demo_on_the_late_harm_ladder():
     assert {p.family for p in plan.shortlist.proxies} == conflict
     assert plan.selection.min_sft_seeds == 6 and default.selection.min_sft_seeds == 3
     assert dataclasses.replace(plan.selection, min_sft_seeds=3) == default.selection
-    assert plan.shortlist.k == default.shortlist.k
+    # one slot per data window (stratify) and one for the best remaining base: k = 4 against the default's 3
+    assert plan.shortlist.stratify == "data_windows" and (plan.shortlist.k, default.shortlist.k) == (4, 3)
 
 
 def test_tokenizer_corpus_is_selectable_in_a_run_config_and_checked(tmp_path):
