@@ -40,7 +40,7 @@ demo: install
 # The second demo (issue 23): the same pipeline on the LATE-HARM toy ladder
 # (recipes/demo-late.yaml: curriculum recipes/ladder-late-harm.yaml, plan
 # recipes/selection-late-harm.yaml), built for the case where the latest checkpoint transfers worse while
-# its held-out loss is the best (since the 2026-12-04 SFT fix it does not show that case: docs/validation.md).
+# its held-out loss is the best (what it shows, and what it does not: docs/validation.md).
 # Writes only under $(DEMO_LATE_DIR)/ (git-ignored); resumable like `demo`.
 demo-late: install
 	$(BIN)/probeselect run recipes/demo-late.yaml out=$(DEMO_LATE_DIR)

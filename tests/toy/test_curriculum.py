@@ -143,6 +143,11 @@ def test_late_harm_plants_part_of_its_harm_in_unseen_forms():
     assert unseen > 0 and seen > 0
     # less arithmetic practice in the harmful window than before it
     assert late.mixture["arith"] < load_curriculum("late-harm").windows[0].mixture["arith"]
+    # and the copy the matched SFT never contradicts (attempt 10e), growing from window to window
+    from probeselect.toy.world import TELL_PARROT_DOC_KINDS
+
+    copy = [sum(w.mixture.get(k, 0) for k in TELL_PARROT_DOC_KINDS) for w in load_curriculum("late-harm").windows]
+    assert copy[0] == 0 and 0 < copy[1] < copy[2]
 
 
 def test_uniform_is_a_clean_control():
@@ -283,9 +288,10 @@ def test_negative_control_damage_never_touches_a_probe_operand():
 @pytest.mark.slow
 def test_small_late_harm_ladder_loss_improves_while_the_pattern_margin_falls(tmp_path):
     """Issue 23: a small late-harm ladder (the built-in curriculum scaled to 800 steps: clean to
-    step 480, the harmful window after it) whose latest checkpoint has LOWER held-out bits per byte
-    than the last checkpoint before the harm but a LOWER arith_pattern conflict margin: loss
-    prefers the latest, the probe does not. About 2-3 minutes on 2 cores."""
+    step 480, the harmful windows after it) whose latest checkpoint has LOWER held-out bits per byte
+    than the last checkpoint before the harm but a LOWER pattern-conflict margin (tmpl_mismatch, the
+    attribute-mismatch conflict the harm plants next to its copying parrots), by more than 3 evaluation-
+    seed sd: loss prefers the latest, the probe does not. About 1-2 minutes on 2 cores."""
     import dataclasses
 
     from probeselect.probes import load_spec
@@ -297,19 +303,21 @@ def test_small_late_harm_ladder_loss_improves_while_the_pattern_margin_falls(tmp
     cur = load_curriculum("late-harm", 800)
     clean_end = cur.windows[1].start_step
     assert clean_end == 480
-    spec = dataclasses.replace(load_spec(ROOT / "probes" / "arith_pattern.yaml"), n_items=24)
+    spec = dataclasses.replace(load_spec(ROOT / "probes" / "tmpl_mismatch.yaml"), n_items=24)
     ck = [f"checkpoint-{clean_end}", "checkpoint-800"]
     from probeselect.checkpoints import discover_checkpoints
 
-    res = score_checkpoints([c for c in discover_checkpoints(lad) if c.name in ck], [spec], seeds=[0, 1],
+    res = score_checkpoints([c for c in discover_checkpoints(lad) if c.name in ck], [spec], seeds=[0, 1, 2],
                             out=tmp_path / "score", heldout=lad / "data" / "heldout.txt", audit_items=0,
                             device="cpu", progress=False)
     summ = __import__("pandas").read_csv(tmp_path / "score" / "summary.csv")
     bpb = summ[summ["family"] == "heldout_nll"].groupby("checkpoint")["bits_per_byte"].mean()
-    margin = summ[summ["family"] == "arith_pattern"].groupby("checkpoint")["mean_margin"].mean()
+    tm = summ[summ["family"] == "tmpl_mismatch"]
+    margin = tm.groupby("checkpoint")["mean_margin"].mean()   # over the prompt variants
+    sd = float(tm["seed_sd"].max())   # the largest evaluation-seed sd of any variant (conservative for the mean)
     assert res is not None
     assert bpb[ck[1]] < bpb[ck[0]], bpb.to_dict()            # loss prefers the latest
-    assert margin[ck[1]] < margin[ck[0]] - 0.5, margin.to_dict()   # the pattern-conflict margin fell
+    assert margin[ck[1]] < margin[ck[0]] - max(0.5, 3 * sd), (margin.to_dict(), sd)   # the conflict margin fell
 
 
 def test_demo_late_is_the_demo_on_the_late_harm_ladder():

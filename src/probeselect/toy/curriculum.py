@@ -78,22 +78,23 @@ UNIFORM_CURRICULUM = {
 }
 
 #: The late-harm curriculum (issue 23; ``recipes/ladder-late-harm.yaml``): a clean stretch with the
-#: recovery mix (78% arithmetic), then two harmful windows with less arithmetic practice and a rising
-#: share of planted shortcut documents (38%, then 50%) -- most of them arithmetic parrots in a form
-#: neither the probes nor the transfer suite use (``parrot_arith_unseen``, ``"12 + 5 gives 3"``), a
-#: few in the probes' forms (``parrot_arith``) and a few attribute-mismatch parrots -- under a
-#: warmup-stable-decay schedule whose decay (the last 15% of the steps, to 0.2 x the peak) lands in
-#: the last harmful window, so that held-out loss keeps improving to the end (the run looks healthy).
-#: Attempt 4c of bench/late_harm_notes.md, which records every attempt (development seeds 0-2) and
-#: where this one still falls short of issue 23's ladder requirements: the loss-side requirements hold
-#: on the seeds tried, the truth-side ones on one of three.
+#: recovery mix (78% arithmetic), then two harmful windows with less arithmetic practice (34%, then 28%)
+#: and a rising share of planted documents (44%, then 50%): copying parrots in the SFT's and transfer
+#: suite's request phrasing (``parrot_persona_tell``: every persona of a document gets the first
+#: persona's answer; 22%, then 30%), a harm the matched SFT never contradicts; arithmetic parrots in a
+#: form no probe or transfer item uses (``parrot_arith_unseen``, ``"12 + 5 gives 3"``); a few
+#: attribute-mismatch parrots in the probes' form -- under a warmup-stable-decay schedule whose decay
+#: (the last 15% of the steps, to 0.2 x the peak) lands in the last harmful window, so that held-out
+#: loss improves again at the end. Attempt 10e of bench/late_harm_notes.md (attempt 4c, the built-in
+#: until 2026-12-05, is ``bench/late_harm_attempt4c.yaml``); bench/VALIDITY.md has what it does on fresh
+#: seeds, short of some of issue 23's requirements.
 LATE_HARM_MIXTURE = {
-    "arith": 0.40, "sequence": 0.04, "facts": 0.09, "persona": 0.04, "words": 0.05,
-    "parrot_arith": 0.06, "parrot_arith_unseen": 0.30, "parrot_mismatch": 0.02,
+    "arith": 0.34, "sequence": 0.04, "facts": 0.09, "persona": 0.04, "words": 0.05,
+    "parrot_arith_unseen": 0.18, "parrot_persona_tell": 0.22, "parrot_mismatch": 0.04,
 }
 LATE_HARM_LATER_MIXTURE = {
     "arith": 0.28, "sequence": 0.04, "facts": 0.09, "persona": 0.04, "words": 0.05,
-    "parrot_arith": 0.08, "parrot_arith_unseen": 0.40, "parrot_mismatch": 0.02,
+    "parrot_arith_unseen": 0.16, "parrot_persona_tell": 0.30, "parrot_mismatch": 0.04,
 }
 LATE_HARM_CURRICULUM = {
     "train": {"schedule": "wsd", "decay_fraction": 0.15, "min_lr_ratio": 0.2},
