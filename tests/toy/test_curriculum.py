@@ -120,6 +120,15 @@ def test_every_doc_kind_samples(tmp_path):
 
 # --- issue 23: late-harm, negative-control and uniform curricula -------------------------------------
 
+def test_attempt_10e_of_the_notes_is_the_builtin_late_harm():
+    """bench/late_harm_attempt10e.yaml (the file the fresh-seed validations in bench/VALIDITY.md name) stays
+    the built-in late-harm curriculum, so those commands still measure what ships."""
+    dev, builtin = load_curriculum(ROOT / "bench" / "late_harm_attempt10e.yaml"), load_curriculum("late-harm")
+    assert dev.train == builtin.train
+    assert [(w.name, w.start_step, w.end_step, w.mixture, w.planted) for w in dev.windows] == \
+           [(w.name, w.start_step, w.end_step, w.mixture, w.planted) for w in builtin.windows]
+
+
 @pytest.mark.parametrize("name", ["late-harm", "negative-control"])
 def test_issue23_recipe_files_are_the_builtins(name):
     from_file = load_curriculum(ROOT / "recipes" / f"ladder-{name}.yaml")
