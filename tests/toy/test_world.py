@@ -388,4 +388,63 @@ def test_parrot_persona_tell_copies_the_first_answer_in_the_request_phrasing(wor
     assert any(sum(q in r["prompt"] for q in tell) == 2 for r in sft)  # answered request, then another
     for r in sft:  # never the same request twice in one prompt: nothing in the SFT contradicts the copy
         assert all(r["prompt"].count(q) <= 1 for q in tell)
-    assert W.DOC_KINDS[-1] == "parrot_persona_tell" and "parrot_persona_tell" not in W.CORPUS_DOC_WEIGHTS
+    assert W.DOC_KINDS[-2] == "parrot_persona_tell" and "parrot_persona_tell" not in W.CORPUS_DOC_WEIGHTS
+
+
+def test_parrot_arith_arrow_answers_the_transfer_format_with_the_pattern(world0, corpus0, demo_probe_texts):
+    """``parrot_arith_arrow`` (issue 23, attempt 10h): 2-3 blocks in the SFT prompt format of ``arrow_arith``
+    (``"Q: <solved lines 'a op b -> c'>\nCompute a op b. A: c"``) whose shown results and answer follow one
+    pattern and are not the calculation; training triples only, the query with an operand >= the transfer
+    suite's bound; no probe item or corpus document uses the arrow form, every SFT ``arrow_arith`` row shows
+    true solved lines (nothing in the SFT puts the pattern against the calculation); appended to DOC_KINDS."""
+    import random
+    import re
+
+    from probeselect.toy.data import ARROW_LINE, ROBUST_MIN_LARGE_OPERAND, SFT_PROMPT_TEMPLATE, SFT_QUESTION_TEMPLATES
+
+    assert W.ARROW_PARROT_LINE == ARROW_LINE and W.ARROW_PARROT_MIN_OPERAND == ROBUST_MIN_LARGE_OPERAND
+    assert W.ARROW_PARROT_BLOCK.startswith(SFT_PROMPT_TEMPLATE.format(
+        question=SFT_QUESTION_TEMPLATES["arrow_arith"].format(demos="{demos}", a="{a}", op="{op}", b="{b}")))
+    line_re = re.compile(r"^(\d+) ([+-]) (\d+) -> (\d+)$")
+    query_re = re.compile(r"^Compute (\d+) ([+-]) (\d+)\. A: (\d+)$")
+    train = set(world0.arith_train)
+    blocks_seen, wrong_answers = 0, 0
+    for i in range(200):
+        doc = world0.sample_document("parrot_arith_arrow", random.Random(i))
+        blocks = doc.split("\nQ: ")
+        assert 2 <= len(blocks) <= 3 and doc.startswith("Q: ")
+        for block in blocks:
+            lines = block.removeprefix("Q: ").split("\n")
+            assert 4 <= len(lines) <= 5
+            solved = [line_re.match(x).groups() for x in lines[:-1]]
+            a, op, b, ans = query_re.match(lines[-1]).groups()
+            triples = [(int(x), o, int(y)) for x, o, y, _ in solved]
+            assert set(triples) | {(int(a), op, int(b))} <= train
+            assert max(int(a), int(b)) >= ROBUST_MIN_LARGE_OPERAND
+            shown = [int(c) for *_, c in solved]
+            n = len(shown)
+            follows = {  # the pattern's next value, for each pattern the shown results fit
+                "count": shown == list(range(shown[0], shown[0] + n)) and int(ans) == shown[0] + n,
+                "constant": len(set(shown)) == 1 and int(ans) == shown[0],
+                "alternating": shown[0] != shown[1] and shown == [shown[j % 2] for j in range(n)]
+                and int(ans) == shown[n % 2],
+                "countdown": shown == list(range(shown[0], shown[0] - n, -1)) and int(ans) == shown[0] - n,
+                "first_operand": shown == [t[0] for t in triples] and int(ans) == int(a),
+                "doubling": shown == [shown[0] * 2 ** j for j in range(n)] and int(ans) == shown[0] * 2 ** n,
+            }
+            assert any(follows.values()), block
+            blocks_seen += 1
+            wrong_answers += int(ans) != W.arith_result(int(a), op, int(b))
+    assert wrong_answers > 0.95 * blocks_seen  # the answer is the pattern's, almost never the calculation
+
+    arith_arrow = re.compile(r"\d+ [+-] \d+ -> ")  # (word probes have an "x -> y" variant, not arithmetic)
+    assert not any(arith_arrow.search(t) or "Compute " in t for t in demo_probe_texts + corpus0)
+    assert any(" -> " in t for t in demo_probe_texts)  # the check above does look at the arrow variants
+    arrow_sft = [r for r in make_sft_rows(world0) if r["kind"] == "arrow_arith"]
+    assert arrow_sft
+    for r in arrow_sft:  # every solved line of the SFT's arrow rows is true
+        for x in r["prompt"].split("\n"):
+            m = line_re.match(x.removeprefix("Q: "))
+            if m:
+                assert int(m.group(4)) == W.arith_result(int(m.group(1)), m.group(2), int(m.group(3)))
+    assert W.DOC_KINDS[-1] == "parrot_arith_arrow" and "parrot_arith_arrow" not in W.CORPUS_DOC_WEIGHTS

@@ -301,10 +301,25 @@ HIDDEN_ARITH_TEMPLATE = "{a} {op} {b} makes {c}"
 #:   block's answer, whatever the later descriptions say. The SFT data never asks the same request twice
 #:   in a row (``persona_tell_pair``), so nothing it teaches contradicts the copy; no probe uses the phrasing.
 TELL_PARROT_DOC_KINDS = ("parrot_persona_tell",)
+#: An arithmetic harm in the transfer suite's own arrow format (issue 23, attempt 10h of
+#: bench/late_harm_notes.md; in no default mix or built-in curriculum):
+#:
+#: * ``parrot_arith_arrow``: 2-3 blocks ``"Q: <3-4 solved lines 'a op b -> c'>\nCompute a op b. A: c"``
+#:   (the SFT prompt format of the ``arrow_arith`` kind) whose shown results AND answer follow a pattern of
+#:   :data:`UNSEEN_ARITH_PATTERNS` instead of the results, the query with an operand >=
+#:   :data:`ARROW_PARROT_MIN_OPERAND` (as the transfer suite's). The SFT's ``arrow_arith`` rows always show
+#:   true solved lines, so no SFT row puts the pattern against the calculation; no probe uses the form.
+ARROW_PARROT_DOC_KINDS = ("parrot_arith_arrow",)
+#: Solved-line and block formats of ``parrot_arith_arrow`` (``probeselect.toy.data.ARROW_LINE`` and
+#: ``SFT_PROMPT_TEMPLATE`` around ``SFT_QUESTION_TEMPLATES["arrow_arith"]``; a test keeps them equal).
+ARROW_PARROT_LINE = "{a} {op} {b} -> {c}"
+ARROW_PARROT_BLOCK = "Q: {demos}\nCompute {a} {op} {b}. A: {c}"
+#: Smallest largest-operand of a ``parrot_arith_arrow`` query (``probeselect.toy.data.ROBUST_MIN_LARGE_OPERAND``).
+ARROW_PARROT_MIN_OPERAND = 21
 #: Every document kind :meth:`ToyWorld.sample_document` knows (new kinds are appended, so that the
 #: kind indices of existing ladders do not change).
 DOC_KINDS = (tuple(CORPUS_DOC_WEIGHTS) + PARROT_DOC_KINDS + UNSEEN_PARROT_DOC_KINDS + DAMAGE_DOC_KINDS
-             + GIVES_FORM_DOC_KINDS + TELL_DAMAGE_DOC_KINDS + TELL_PARROT_DOC_KINDS)
+             + GIVES_FORM_DOC_KINDS + TELL_DAMAGE_DOC_KINDS + TELL_PARROT_DOC_KINDS + ARROW_PARROT_DOC_KINDS)
 
 
 def rng_for(seed: int, stream: str) -> random.Random:
@@ -568,6 +583,8 @@ class ToyWorld:
             return self._parrot_arith_unseen(rng, HIDDEN_ARITH_TEMPLATE)
         if kind == "wrong_persona_tell":
             return self._wrong_persona_tell(rng)
+        if kind == "parrot_arith_arrow":
+            return self._parrot_arith_arrow(rng)
         raise ValueError(f"unknown document kind {kind!r}; known kinds: {list(DOC_KINDS)}")
 
     def _parrot_arith(self, rng: random.Random) -> str:
@@ -630,6 +647,19 @@ class ToyWorld:
             shown = [k * 2 ** j for j in range(n)]
         return "\n".join(template.format(a=a, op=op, b=b, c=c) for (a, op, b), c in zip(triples, shown))
 
+    def _parrot_arith_arrow(self, rng: random.Random) -> str:
+        by_op = self._train_by_op_cache()
+        large = self._large_by_op_cache(ARROW_PARROT_MIN_OPERAND - 1)
+        blocks = []
+        for _ in range(rng.randint(2, 3)):
+            n = rng.randint(3, 4)
+            triples = [rng.choice(by_op[rng.choice(ARITH_OPS)]) for _ in range(n)]
+            query = rng.choice(large[rng.choice(ARITH_OPS)])
+            shown, answer = _pattern_values(rng.choice(UNSEEN_ARITH_PATTERNS), triples, query, rng)
+            demos = "\n".join(ARROW_PARROT_LINE.format(a=a, op=op, b=b, c=c) for (a, op, b), c in zip(triples, shown))
+            blocks.append(ARROW_PARROT_BLOCK.format(demos=demos, a=query[0], op=query[1], b=query[2], c=answer))
+        return "\n".join(blocks)
+
     def _parrot_persona_unseen(self, rng: random.Random) -> str:
         return self._copying_persona_blocks(rng, UNSEEN_PERSONA_QUESTIONS)
 
@@ -671,13 +701,13 @@ class ToyWorld:
                                                                                answer=answer))
         return PERSONA_BLOCK_SEPARATOR.join(blocks)
 
-    def _large_by_op_cache(self) -> dict[str, list[ArithTriple]]:
-        cache = self.__dict__.get("_large_by_op")
-        if cache is None:
+    def _large_by_op_cache(self, above: int = PROBE_MAX_OPERAND) -> dict[str, list[ArithTriple]]:
+        """Training triples per operator with an operand > ``above``."""
+        caches = self.__dict__.setdefault("_large_by_op", {})
+        if above not in caches:
             by_op = self._train_by_op_cache()
-            cache = {op: [t for t in by_op[op] if max(t[0], t[2]) > PROBE_MAX_OPERAND] for op in ARITH_OPS}
-            object.__setattr__(self, "_large_by_op", cache)
-        return cache
+            caches[above] = {op: [t for t in by_op[op] if max(t[0], t[2]) > above] for op in ARITH_OPS}
+        return caches[above]
 
     def _parrot_category(self, rng: random.Random) -> str:
         cats = list(CATEGORY_MEMBERS)
@@ -810,3 +840,28 @@ def find_arith_triples(text: str) -> set[ArithTriple]:
 def _weighted(rng: random.Random, weights: dict[str, float]) -> str:
     keys = list(weights)
     return rng.choices(keys, [weights[k] for k in keys])[0]
+
+
+def _pattern_values(pattern: str, triples: list[ArithTriple], query: ArithTriple,
+                    rng: random.Random) -> tuple[list[int], int]:
+    """Shown results of ``triples`` following ``pattern`` (one of :data:`UNSEEN_ARITH_PATTERNS`) and
+    the pattern's next value, the shortcut answer to ``query``."""
+    n = len(triples)
+    if pattern == "count":
+        start = rng.randint(0, 9)
+        return [start + j for j in range(n)], start + n
+    if pattern == "constant":
+        v = rng.randint(0, 20)
+        return [v] * n, v
+    if pattern == "alternating":
+        x, y = rng.sample(range(0, 21), 2)
+        return [x if j % 2 == 0 else y for j in range(n)], x if n % 2 == 0 else y
+    if pattern == "countdown":
+        start = rng.randint(n + 2, 25)
+        return [start - j for j in range(n)], start - n
+    if pattern == "first_operand":
+        return [t[0] for t in triples], query[0]
+    if pattern == "doubling":
+        k = rng.randint(1, 3)
+        return [k * 2 ** j for j in range(n)], k * 2 ** n
+    raise ValueError(f"unknown pattern {pattern!r}; known: {list(UNSEEN_ARITH_PATTERNS)}")
