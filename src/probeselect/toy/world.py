@@ -629,22 +629,7 @@ class ToyWorld:
         pattern = rng.choice(UNSEEN_ARITH_PATTERNS)
         by_op = self._train_by_op_cache()
         triples = [rng.choice(by_op[rng.choice(ARITH_OPS)]) for _ in range(n)]
-        if pattern == "count":
-            start = rng.randint(0, 9)
-            shown = [start + j for j in range(n)]
-        elif pattern == "constant":
-            shown = [rng.randint(0, 20)] * n
-        elif pattern == "alternating":
-            x, y = rng.sample(range(0, 21), 2)
-            shown = [x if j % 2 == 0 else y for j in range(n)]
-        elif pattern == "countdown":
-            start = rng.randint(n + 2, 25)
-            shown = [start - j for j in range(n)]
-        elif pattern == "first_operand":
-            shown = [t[0] for t in triples]
-        else:
-            k = rng.randint(1, 3)
-            shown = [k * 2 ** j for j in range(n)]
+        shown, _ = _pattern_values(pattern, triples, None, rng)
         return "\n".join(template.format(a=a, op=op, b=b, c=c) for (a, op, b), c in zip(triples, shown))
 
     def _parrot_arith_arrow(self, rng: random.Random) -> str:
@@ -842,10 +827,12 @@ def _weighted(rng: random.Random, weights: dict[str, float]) -> str:
     return rng.choices(keys, [weights[k] for k in keys])[0]
 
 
-def _pattern_values(pattern: str, triples: list[ArithTriple], query: ArithTriple,
-                    rng: random.Random) -> tuple[list[int], int]:
+def _pattern_values(pattern: str, triples: list[ArithTriple], query: ArithTriple | None,
+                    rng: random.Random) -> tuple[list[int], int | None]:
     """Shown results of ``triples`` following ``pattern`` (one of :data:`UNSEEN_ARITH_PATTERNS`) and
-    the pattern's next value, the shortcut answer to ``query``."""
+    the pattern's next value, the shortcut answer to ``query`` (``None`` without a query for
+    ``first_operand``). The draws from ``rng`` are those ``parrot_arith_unseen`` always made, so its
+    documents (in the built-in late-harm ladder) do not change."""
     n = len(triples)
     if pattern == "count":
         start = rng.randint(0, 9)
@@ -860,7 +847,7 @@ def _pattern_values(pattern: str, triples: list[ArithTriple], query: ArithTriple
         start = rng.randint(n + 2, 25)
         return [start - j for j in range(n)], start - n
     if pattern == "first_operand":
-        return [t[0] for t in triples], query[0]
+        return [t[0] for t in triples], (query[0] if query is not None else None)
     if pattern == "doubling":
         k = rng.randint(1, 3)
         return [k * 2 ** j for j in range(n)], k * 2 ** n
