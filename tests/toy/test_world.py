@@ -448,3 +448,17 @@ def test_parrot_arith_arrow_answers_the_transfer_format_with_the_pattern(world0,
             if m:
                 assert int(m.group(4)) == W.arith_result(int(m.group(1)), m.group(2), int(m.group(3)))
     assert W.DOC_KINDS[-1] == "parrot_arith_arrow" and "parrot_arith_arrow" not in W.CORPUS_DOC_WEIGHTS
+
+
+def test_parrot_arith_unseen_documents_do_not_move(world0):
+    """The built-in late-harm ladder trains on ``parrot_arith_unseen`` documents; they are pinned so that a
+    change of the pattern helper (shared with ``parrot_arith_arrow`` since 2026-12-05) cannot silently change
+    the ladder. The hash is of 50 documents drawn with ``random.Random(7)`` from world 0, as the code wrote them
+    before the helper existed (checked against b8940f5)."""
+    import random
+
+    rng = random.Random(7)
+    docs = "\n\n".join(world0.sample_document("parrot_arith_unseen", rng) for _ in range(50))
+    assert hashlib.sha256(docs.encode()).hexdigest() == (
+        "654242f70f76bd38c350b6babf4fd0a5a6fc3de6e8ab57cc1c0dd1d27daa275d")
+
