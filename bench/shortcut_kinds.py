@@ -165,27 +165,14 @@ class Spec:
 
 
 def shown_values(pattern: str, triples, query, rng: random.Random) -> tuple[list[int], int]:
-    """Shown results of the solved lines and the pattern's next value (the shortcut for ``query``);
-    value ranges as in ``ToyWorld._parrot_arith_unseen``."""
-    n = len(triples)
-    if pattern == "true":  # control: the true results, no shortcut
+    """Shown results of the solved lines and the pattern's next value (the shortcut for ``query``):
+    :func:`probeselect.toy.world.pattern_values` (the draws of ``parrot_arith_unseen``), plus the
+    ``true`` control (the true results, no shortcut)."""
+    from probeselect.toy.world import pattern_values
+
+    if pattern == "true":
         return [_apply(*t) for t in triples], None
-    if pattern == "count":
-        start = rng.randint(0, 9)
-        return [start + j for j in range(n)], start + n
-    if pattern == "constant":
-        k = rng.randint(0, 20)
-        return [k] * n, k
-    if pattern == "alternating":
-        x, y = rng.sample(range(0, 21), 2)
-        return [x if j % 2 == 0 else y for j in range(n)], (x if n % 2 == 0 else y)
-    if pattern == "countdown":
-        start = rng.randint(n + 2, 25)
-        return [start - j for j in range(n)], start - n
-    if pattern == "first_operand":
-        return [t[0] for t in triples], query[0]
-    k = rng.randint(1, 3)
-    return [k * 2 ** j for j in range(n)], k * 2 ** n
+    return pattern_values(pattern, triples, query, rng)
 
 
 def _apply(a: int, op: str, b: int) -> int:

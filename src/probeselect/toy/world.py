@@ -629,7 +629,7 @@ class ToyWorld:
         pattern = rng.choice(UNSEEN_ARITH_PATTERNS)
         by_op = self._train_by_op_cache()
         triples = [rng.choice(by_op[rng.choice(ARITH_OPS)]) for _ in range(n)]
-        shown, _ = _pattern_values(pattern, triples, None, rng)
+        shown, _ = pattern_values(pattern, triples, None, rng)
         return "\n".join(template.format(a=a, op=op, b=b, c=c) for (a, op, b), c in zip(triples, shown))
 
     def _parrot_arith_arrow(self, rng: random.Random) -> str:
@@ -640,7 +640,7 @@ class ToyWorld:
             n = rng.randint(3, 4)
             triples = [rng.choice(by_op[rng.choice(ARITH_OPS)]) for _ in range(n)]
             query = rng.choice(large[rng.choice(ARITH_OPS)])
-            shown, answer = _pattern_values(rng.choice(UNSEEN_ARITH_PATTERNS), triples, query, rng)
+            shown, answer = pattern_values(rng.choice(UNSEEN_ARITH_PATTERNS), triples, query, rng)
             demos = "\n".join(ARROW_PARROT_LINE.format(a=a, op=op, b=b, c=c) for (a, op, b), c in zip(triples, shown))
             blocks.append(ARROW_PARROT_BLOCK.format(demos=demos, a=query[0], op=query[1], b=query[2], c=answer))
         return "\n".join(blocks)
@@ -827,7 +827,7 @@ def _weighted(rng: random.Random, weights: dict[str, float]) -> str:
     return rng.choices(keys, [weights[k] for k in keys])[0]
 
 
-def _pattern_values(pattern: str, triples: list[ArithTriple], query: ArithTriple | None,
+def pattern_values(pattern: str, triples: list[ArithTriple], query: ArithTriple | None,
                     rng: random.Random) -> tuple[list[int], int | None]:
     """Shown results of ``triples`` following ``pattern`` (one of :data:`UNSEEN_ARITH_PATTERNS`) and
     the pattern's next value, the shortcut answer to ``query`` (``None`` without a query for
