@@ -442,3 +442,38 @@ def test_interval_items_adds_the_item_variance_to_the_seed_only_interval():
     assert spread["seed_lo"] == pytest.approx(flat["seed_lo"], abs=1e-9)   # same seed means
     assert spread["both_hi"] - spread["both_lo"] > 1.5 * (flat["both_hi"] - flat["both_lo"])
     assert spread["widen"] > 1.5 and flat["widen"] == pytest.approx(1.0)
+
+
+RUNS = REPO / "bench" / "validity_runs"
+
+
+def test_committed_validation_records_are_complete_and_pool_without_training(tmp_path):
+    """bench/validity_runs/ keeps the small outputs of fresh-seed validations that bench/VALIDITY.md reports
+    (selectors.csv, validity.json and the per-seed tables), so that a later pool over curricula needs no
+    rerun: the earlier runs' outputs lived on a scratch disk and are gone. Each record is complete (every
+    selector on every seed it claims, fresh seeds only, not the smoke version), its totals agree with its
+    per-seed rows, bench/validity_runs/README.md names it, and the records pool."""
+    mod = _module()
+    dirs = sorted(p for p in RUNS.iterdir() if p.is_dir())
+    assert dirs, f"{RUNS} holds no record"
+    readme = (RUNS / "README.md").read_text(encoding="utf-8")
+    for d in dirs:
+        sel = pd.read_csv(d / "selectors.csv")
+        tot = json.loads((d / "validity.json").read_text(encoding="utf-8"))
+        assert sorted(int(s) for s in sel["seed"].unique()) == sorted(tot["seeds"]), d.name
+        assert tot["fresh"] and not tot["tiny"] and tot["n"] == len(tot["seeds"]), d.name
+        assert all(set(g) == set(mod.SELECTORS) for _, g in sel.groupby("seed")["selector"]), d.name
+        pipe = sel[sel["selector"] == "pipeline"]
+        assert int(pipe["decisive_correct"].astype(bool).sum()) == tot["decisive_correct"], d.name
+        assert int(pipe["equiv_agree"].astype(bool).sum()) == tot["equiv_agree"], d.name
+        tv = pd.read_csv(d / "truth_values.csv")
+        assert sorted(int(s) for s in tv["seed"].unique()) == sorted(tot["seeds"]), d.name
+        assert f"`{d.name}`" in readme, f"bench/validity_runs/README.md does not name {d.name}"
+    res = mod.pool_validations(dirs, tmp_path / "pool")
+    assert res["folders"] == [d.name for d in dirs]
+    pooled = pd.read_csv(tmp_path / "pool" / "selector_summary_pooled.csv").set_index("selector")
+    every = pd.concat([pd.read_csv(d / "selectors.csv") for d in dirs], ignore_index=True)
+    for name in ("pipeline", "latest", "lowest_bpb"):
+        mine = every.loc[every["selector"] == name, "regret"]
+        assert pooled.loc[name, "n_seeds"] == len(mine)
+        assert pooled.loc[name, "regret_mean"] == pytest.approx(mine.mean(), abs=1e-12)
