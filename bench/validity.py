@@ -8,6 +8,8 @@ Run from the repository root (documented with results in bench/VALIDITY.md):
     python bench/validity.py --seeds 0 --out /tmp/v --tiny            # smoke version (minutes)
     python bench/validity.py --curriculum late-harm uniform negative-control --jobs 2 --out OUT
                                           # one table per curriculum (OUT/<name>/) and a pooled one
+    python bench/validity.py ... --record bench/validity_runs   # keep the run's small outputs in the repository
+    python bench/validity.py --pool bench/validity_runs/A bench/validity_runs/B --out OUT   # pool, no training
 
 Seeds 0-4 (:data:`DEV_SEEDS`) were used to tune the curriculum, the plan and the recipes; the
 default seeds 5-9 (:data:`FRESH_SEEDS`) were not. validity.json records both.
@@ -58,7 +60,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -987,6 +991,67 @@ def pool_validations(dirs: list[Path], out: Path) -> dict:
     return write_pooled(sels, totals, Path(out))
 
 
+#: The small outputs of a finished validation that a record keeps (``--record``): enough to pool it with
+#: others (:func:`pool_validations`) and to read every table of bench/VALIDITY.md, without the ladders,
+#: adapters and pilot runs (gigabytes).
+RECORD_FILES = ("selectors.csv", "selector_summary.csv", "validity.csv", "ties.csv", "truth_values.csv",
+                "validity.json", "validity.md")
+
+
+def _seeds_label(seeds: list[int]) -> str:
+    """``s90-94`` for a run of consecutive seeds, else ``s5-7-9``."""
+    s = sorted(int(x) for x in seeds)
+    return f"s{s[0]}-{s[-1]}" if len(s) > 1 and s == list(range(s[0], s[-1] + 1)) else "s" + "-".join(map(str, s))
+
+
+def _git_state() -> tuple[str | None, bool | None]:
+    """(HEAD commit of this checkout, whether tracked files differ from it); (None, None) outside git."""
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None, None
+    return head, bool(dirty)
+
+
+def save_record(run_dir: Path, records: Path, name: str, argv: list[str]) -> Path:
+    """Copy the :data:`RECORD_FILES` of the finished validation ``run_dir`` into ``records/<name>-<seeds>/``
+    (written under a temporary name, then renamed: never a partial record), with ``record.json``
+    (command, commit, wall seconds), and add its row to ``records/README.md`` when that file exists."""
+    run_dir, records = Path(run_dir), Path(records)
+    missing = [f for f in RECORD_FILES if not (run_dir / f).is_file()]
+    if missing:
+        raise SystemExit(f"--record: {run_dir} has no {', '.join(missing)}: the validation did not finish, "
+                         "so there is nothing to record; rerun it (it resumes).")
+    tot = json.loads((run_dir / "validity.json").read_text(encoding="utf-8"))
+    folder = records / f"{name}-{_seeds_label(tot['seeds'])}"
+    if folder.exists():
+        raise SystemExit(f"--record: {folder} already exists; records are never overwritten: remove it or "
+                         "pass another --record folder.")
+    commit, dirty = _git_state()
+    command = "python bench/validity.py " + shlex.join(str(x) for x in argv)
+    rec = {"command": command, "commit": commit, "dirty": dirty, "seeds": tot["seeds"], "config": tot.get("config"),
+           "curriculum": tot.get("curriculum"), "tiny": tot.get("tiny"), "seconds": tot.get("seconds")}
+    tmp = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for f in RECORD_FILES:
+        shutil.copy2(run_dir / f, tmp / f)
+    atomic_write_json(tmp / "record.json", rec)
+    os.replace(tmp, folder)
+    readme = records / "README.md"
+    if readme.is_file():
+        sha = (commit[:7] + (" + uncommitted changes" if dirty else "")) if commit else "unknown"
+        cur = tot.get("curriculum") or "(the config's own)"
+        row = (f"| `{folder.name}` | {cur} | `{tot.get('config')}` | "
+               f"{_seeds_label(tot['seeds'])[1:]} | `{command}` | {sha} | {tot.get('seconds', 0):,.0f} s |\n")
+        text = readme.read_text(encoding="utf-8")
+        atomic_write_text(readme, text + ("" if text.endswith("\n") else "\n") + row)
+    return folder
+
+
 def write_pooled(sels: dict[str, pd.DataFrame], totals: dict[str, dict], out: Path) -> dict:
     """Write the per-curriculum and pooled selector tables of ``sels`` (name -> selectors.csv)."""
     names = list(sels)
@@ -1043,6 +1108,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pool", type=Path, nargs="+", default=None, metavar="DIR",
                     help="no run: write the per-curriculum and pooled tables of finished validations (their OUT "
                          "folders, e.g. made with different --config) into --out")
+    ap.add_argument("--record", type=Path, default=None, metavar="DIR",
+                    help="after the run, keep its small outputs (selector, truth-value, tie and total tables, and "
+                         "record.json with the command and commit) in DIR/<curriculum>-s<seeds>/ and add a row to DIR/README.md, e.g. "
+                         "bench/validity_runs (so that later pools need no rerun)")
     ap.add_argument("--budget-estimate", action="store_true", help="print the estimated CPU time and wall time and exit")
     a = ap.parse_args(argv)
     if a.truth_seeds < 1:
@@ -1061,12 +1130,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     kw = dict(config=a.config, truth_seeds=a.truth_seeds, tiny=a.tiny, jobs=a.jobs,
               truth_seed_start=a.truth_seed_start, twin_noise=a.twin_noise)
+    argv_used = list(sys.argv[1:] if argv is None else argv)
     if a.curriculum:
         res = validate_curricula(a.curriculum, a.seeds, a.out, **kw)
         print((a.out / "curricula.md").read_text(encoding="utf-8"))
         print(json.dumps({k: v for k, v in res.items() if k != "pooled"}))
+        for c in (a.curriculum if a.record else []):
+            name = curriculum_dirname(c)
+            print(f"record: {save_record(a.out / name, a.record, name, argv_used)}")
         return 0
     totals = validate(a.seeds, a.out, **kw)
+    if a.record:
+        print(f"record: {save_record(a.out, a.record, Path(a.config).stem, argv_used)}")
     print((a.out / "validity.md").read_text(encoding="utf-8"))
     print(json.dumps({k: v for k, v in totals.items() if k not in ("selectors", "transfer_suites")}))
     return 0

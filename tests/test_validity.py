@@ -469,6 +469,9 @@ def test_committed_validation_records_are_complete_and_pool_without_training(tmp
         tv = pd.read_csv(d / "truth_values.csv")
         assert sorted(int(s) for s in tv["seed"].unique()) == sorted(tot["seeds"]), d.name
         assert f"`{d.name}`" in readme, f"bench/validity_runs/README.md does not name {d.name}"
+        rec = json.loads((d / "record.json").read_text(encoding="utf-8"))
+        assert rec["seeds"] == tot["seeds"] and rec["command"].startswith("python bench/validity.py ") and rec["commit"]
+        assert all(f"--seeds {' '.join(map(str, tot['seeds']))}" in x for x in (rec["command"],)), d.name
     res = mod.pool_validations(dirs, tmp_path / "pool")
     assert res["folders"] == [d.name for d in dirs]
     pooled = pd.read_csv(tmp_path / "pool" / "selector_summary_pooled.csv").set_index("selector")
@@ -477,3 +480,35 @@ def test_committed_validation_records_are_complete_and_pool_without_training(tmp
         mine = every.loc[every["selector"] == name, "regret"]
         assert pooled.loc[name, "n_seeds"] == len(mine)
         assert pooled.loc[name, "regret_mean"] == pytest.approx(mine.mean(), abs=1e-12)
+
+
+def test_record_keeps_a_finished_validation_and_pools(smoke, tmp_path):
+    """--record: the small outputs of a finished validation go to DIR/<name>-s<seeds>/ with record.json (the
+    command and commit), a README row is added, a record is never overwritten, and an unfinished run
+    (no validity.json) is refused instead of recorded in part."""
+    out, totals = smoke
+    mod = _module()
+    records = tmp_path / "records"
+    records.mkdir()
+    (records / "README.md").write_text("| folder | curriculum | plan | seeds | command | commit | wall |\n")
+    argv = ["--seeds", "0", "--tiny", "--truth-seeds", "2", "--out", str(out)]
+    folder = mod.save_record(out, records, "planted", argv)
+    assert folder == records / "planted-s0"
+    assert sorted(p.name for p in folder.iterdir()) == sorted(mod.RECORD_FILES + ("record.json",))
+    assert (folder / "selectors.csv").read_bytes() == (out / "selectors.csv").read_bytes()
+    rec = json.loads((folder / "record.json").read_text())
+    assert rec["command"] == "python bench/validity.py " + " ".join(argv) and rec["seeds"] == [0]
+    assert rec["seconds"] == totals["seconds"]
+    assert rec["commit"] is None or len(rec["commit"]) == 40
+    rows = (records / "README.md").read_text().splitlines()
+    assert len(rows) == 2 and rows[1].startswith("| `planted-s0` |") and rec["command"] in rows[1]
+    assert mod.pool_validations([folder], tmp_path / "pool")["folders"] == ["planted-s0"]
+    with pytest.raises(SystemExit, match="already exists"):
+        mod.save_record(out, records, "planted", argv)
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    (unfinished / "selectors.csv").write_text("seed,selector\n")
+    with pytest.raises(SystemExit, match="did not finish"):
+        mod.save_record(unfinished, records, "late-harm", argv)
+    assert not (records / "late-harm-s0").exists() and not list(records.glob("*.partial"))
+    assert [mod._seeds_label(s) for s in ([90, 91, 92, 93, 94], [5, 7, 9], [3])] == ["s90-94", "s5-7-9", "s3"]
