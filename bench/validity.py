@@ -1116,6 +1116,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.truth_seeds < 1:
         ap.error("--truth-seeds must be >= 1")
+    if a.record and (a.pool or a.budget_estimate):
+        ap.error("--record keeps the outputs of a run; --pool and --budget-estimate run nothing to record")
     if a.budget_estimate:
         est = budget_estimate(len(a.seeds) * len(a.curriculum or [None]), a.truth_seeds, a.jobs)
         print(json.dumps({**est, "curricula": a.curriculum or ["(config's own)"]}, indent=1))

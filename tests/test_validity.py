@@ -512,3 +512,5 @@ def test_record_keeps_a_finished_validation_and_pools(smoke, tmp_path):
         mod.save_record(unfinished, records, "late-harm", argv)
     assert not (records / "late-harm-s0").exists() and not list(records.glob("*.partial"))
     assert [mod._seeds_label(s) for s in ([90, 91, 92, 93, 94], [5, 7, 9], [3])] == ["s90-94", "s5-7-9", "s3"]
+    with pytest.raises(SystemExit):   # nothing to record: argparse's error (exit status 2)
+        mod.main(["--pool", str(folder), "--out", str(tmp_path / "p3"), "--record", str(records)])
