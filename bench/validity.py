@@ -62,7 +62,6 @@ import json
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -1004,18 +1003,6 @@ def _seeds_label(seeds: list[int]) -> str:
     return f"s{s[0]}-{s[-1]}" if len(s) > 1 and s == list(range(s[0], s[-1] + 1)) else "s" + "-".join(map(str, s))
 
 
-def _git_state() -> tuple[str | None, bool | None]:
-    """(HEAD commit of this checkout, whether tracked files differ from it); (None, None) outside git."""
-    try:
-        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None, None
-    return head, bool(dirty)
-
-
 def save_record(run_dir: Path, records: Path, name: str, argv: list[str]) -> Path:
     """Copy the :data:`RECORD_FILES` of the finished validation ``run_dir`` into ``records/<name>-<seeds>/``
     (written under a temporary name, then renamed: never a partial record), with ``record.json``
@@ -1030,7 +1017,10 @@ def save_record(run_dir: Path, records: Path, name: str, argv: list[str]) -> Pat
     if folder.exists():
         raise SystemExit(f"--record: {folder} already exists; records are never overwritten: remove it or "
                          "pass another --record folder.")
-    commit, dirty = _git_state()
+    from probeselect.manifest import git_state
+
+    git = git_state(ROOT)
+    commit, dirty = git["commit"], git["dirty"]
     command = "python bench/validity.py " + shlex.join(str(x) for x in argv)
     rec = {"command": command, "commit": commit, "dirty": dirty, "seeds": tot["seeds"], "config": tot.get("config"),
            "curriculum": tot.get("curriculum"), "tiny": tot.get("tiny"), "seconds": tot.get("seconds")}
