@@ -1012,8 +1012,13 @@ def save_record(run_dir: Path, records: Path, name: str, argv: list[str]) -> Pat
     if missing:
         raise SystemExit(f"--record: {run_dir} has no {', '.join(missing)}: the validation did not finish, "
                          "so there is nothing to record; rerun it (it resumes).")
-    tot = json.loads((run_dir / "validity.json").read_text(encoding="utf-8"))
-    folder = records / f"{name}-{_seeds_label(tot['seeds'])}"
+    try:
+        tot = json.loads((run_dir / "validity.json").read_text(encoding="utf-8"))
+        seeds = [int(x) for x in tot["seeds"]]
+    except (ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"--record: {run_dir / 'validity.json'} is not a validation's totals ({e}); rerun the "
+                         "validation into that folder (it resumes) before recording it.") from None
+    folder = records / f"{name}-{_seeds_label(seeds)}"
     if folder.exists():
         raise SystemExit(f"--record: {folder} already exists; records are never overwritten: remove it or "
                          "pass another --record folder.")

@@ -511,6 +511,12 @@ def test_record_keeps_a_finished_validation_and_pools(smoke, tmp_path):
     with pytest.raises(SystemExit, match="did not finish"):
         mod.save_record(unfinished, records, "late-harm", argv)
     assert not (records / "late-harm-s0").exists() and not list(records.glob("*.partial"))
+    for f in mod.RECORD_FILES:   # every file present, but the totals are truncated (e.g. a copy cut short)
+        (unfinished / f).write_text("x")
+    (unfinished / "validity.json").write_text('{"seeds": [0')
+    with pytest.raises(SystemExit, match="validity.json is not a validation's totals"):
+        mod.save_record(unfinished, records, "late-harm", argv)
+    assert not (records / "late-harm-s0").exists()
     assert [mod._seeds_label(s) for s in ([90, 91, 92, 93, 94], [5, 7, 9], [3])] == ["s90-94", "s5-7-9", "s3"]
     with pytest.raises(SystemExit):   # nothing to record: argparse's error (exit status 2)
         mod.main(["--pool", str(folder), "--out", str(tmp_path / "p3"), "--record", str(records)])
