@@ -828,7 +828,7 @@ def _weighted(rng: random.Random, weights: dict[str, float]) -> str:
 
 
 def pattern_values(pattern: str, triples: list[ArithTriple], query: ArithTriple | None,
-                    rng: random.Random) -> tuple[list[int], int | None]:
+                   rng: random.Random) -> tuple[list[int], int | None]:
     """Shown results of ``triples`` following ``pattern`` (one of :data:`UNSEEN_ARITH_PATTERNS`) and
     the pattern's next value, the shortcut answer to ``query`` (``None`` without a query for
     ``first_operand``). The draws from ``rng`` are those ``parrot_arith_unseen`` always made, so its
