@@ -9,7 +9,9 @@ se^2 = var(seed means of d) / S + var(item means of d) / I for d = top - runner-
 (Owen 2007; it counts the item x seed residual twice, so it is slightly conservative), with Satterthwaite
 degrees of freedom and the same Bonferroni factor as the decision. Development analysis, not a selector.
 
-    python bench/interval_items.py OUT/late_harm_attempt10e --seeds 50 51 52 53 54
+    python bench/interval_items.py OUT/late_harm_attempt10e --seeds 50 51 52 53 54 [--csv FILE]
+
+``bench/validity.py --record`` keeps this table as ``interval_items.csv`` in the record.
 """
 
 from __future__ import annotations
@@ -41,16 +43,17 @@ def intervals(items: pd.DataFrame, top: str, other: str, metric: str, n_comparis
             "widen": h2 / h1 if h1 > 0 else float("nan"), "items": n_items, "seeds": n_seeds}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("out", type=Path, help="a validation folder holding seed<S>/score/")
-    ap.add_argument("--seeds", type=int, nargs="+", required=True)
-    ap.add_argument("--metric", default="task_accuracy")
-    a = ap.parse_args(argv)
-    print("| seed | stage | top vs runner-up | diff | seed-only interval | seeds + items | widening | verdict |")
-    print("|---|---|---|---|---|---|---|---|")
-    for s in a.seeds:
-        run = a.out / f"seed{s}" / "score"
+def table(out: Path, seeds: list[int], metric: str = "task_accuracy") -> pd.DataFrame:
+    """One row per (seed, stage) of the validation folder ``out`` (``seed<S>/score/``) whose decision had a
+    runner-up: the seed-only and the seeds+items intervals of top - runner-up, the plan's verdict, and whether
+    the lower end clears the plan's tie margin: ``seed_call`` on the seed-only interval, ``items_call`` on the
+    wider of the two. The seeds+items interval alone is not always the wider: its Satterthwaite degrees of
+    freedom grow with the item part, so with few seeds its t quantile can shrink more than its standard error
+    grows (up to 4% narrower at 6 seeds, 44% at 3), and a rule meant to add the item draw must never call what
+    the seed-only rule would not."""
+    rows = []
+    for s in seeds:
+        run = Path(out) / f"seed{s}" / "score"
         for stage, file, key in (("pilot", "selection.json", "decision"), ("confirm", "confirm.json", "confirm_decision")):
             if not (run / file).is_file():
                 continue
@@ -58,9 +61,34 @@ def main(argv: list[str] | None = None) -> int:
             if not d.get("runner_up"):
                 continue
             r = intervals(pd.read_parquet(run / stage / "transfer_items.parquet"), d["top"], d["runner_up"],
-                          a.metric, int(d.get("n_comparisons") or 1))
-            print(f"| {s} | {stage} | {d['top']} vs {d['runner_up']} | {r['diff']:.3f} | {r['seed_lo']:.3f} to "
-                  f"{r['seed_hi']:.3f} | {r['both_lo']:.3f} to {r['both_hi']:.3f} | {r['widen']:.1f}x | {d['verdict']} |")
+                          metric, int(d.get("n_comparisons") or 1))
+            margin = float(d.get("tie_margin") or 0.0)
+            rows.append({"seed": s, "stage": stage, "top": d["top"], "runner_up": d["runner_up"], **r,
+                         "tie_margin": margin, "verdict": d["verdict"],
+                         "seed_call": r["seed_lo"] > margin,
+                         "items_call": min(r["both_lo"], r["seed_lo"]) > margin})
+    return pd.DataFrame(rows, columns=["seed", "stage", "top", "runner_up", "diff", "seed_lo", "seed_hi", "both_lo",
+                                       "both_hi", "widen", "items", "seeds", "tie_margin", "verdict", "seed_call",
+                                       "items_call"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", type=Path, help="a validation folder holding seed<S>/score/")
+    ap.add_argument("--seeds", type=int, nargs="+", required=True)
+    ap.add_argument("--metric", default="task_accuracy")
+    ap.add_argument("--csv", type=Path, default=None, help="also write the table as CSV to this file")
+    a = ap.parse_args(argv)
+    t = table(a.out, a.seeds, a.metric)
+    if a.csv:
+        t.to_csv(a.csv, index=False, float_format="%.6g")
+    print("| seed | stage | top vs runner-up | diff | seed-only interval | seeds + items | widening | verdict | "
+          "called with items |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in t.itertuples():
+        print(f"| {r.seed} | {r.stage} | {r.top} vs {r.runner_up} | {r.diff:.3f} | {r.seed_lo:.3f} to "
+              f"{r.seed_hi:.3f} | {r.both_lo:.3f} to {r.both_hi:.3f} | {r.widen:.1f}x | {r.verdict} | "
+              f"{'yes' if r.items_call else 'no'} |")
     return 0
 
 

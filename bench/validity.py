@@ -1003,10 +1003,24 @@ def _seeds_label(seeds: list[int]) -> str:
     return f"s{s[0]}-{s[-1]}" if len(s) > 1 and s == list(range(s[0], s[-1] + 1)) else "s" + "-".join(map(str, s))
 
 
+def _interval_items(run_dir: Path, seeds: list[int]) -> pd.DataFrame | None:
+    """bench/interval_items.py's table (seed-only vs seeds+items interval of every pilot and confirmation
+    decision) for the run, or None when the run kept no pipeline decisions (the declared secondary analysis,
+    bench/late_harm_notes.md: an item-aware rule is a candidate only if it costs no correct decision)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("interval_items", ROOT / "bench" / "interval_items.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    t = mod.table(Path(run_dir), seeds)
+    return t if len(t) else None
+
+
 def save_record(run_dir: Path, records: Path, name: str, argv: list[str]) -> Path:
     """Copy the :data:`RECORD_FILES` of the finished validation ``run_dir`` into ``records/<name>-<seeds>/``
     (written under a temporary name, then renamed: never a partial record), with ``record.json``
-    (command, commit, wall seconds), and add its row to ``records/README.md`` when that file exists."""
+    (command, commit, wall seconds) and ``interval_items.csv`` (bench/interval_items.py's table, when the
+    run's pipeline decisions are there), and add its row to ``records/README.md`` when that file exists."""
     run_dir, records = Path(run_dir), Path(records)
     missing = [f for f in RECORD_FILES if not (run_dir / f).is_file()]
     if missing:
@@ -1034,6 +1048,9 @@ def save_record(run_dir: Path, records: Path, name: str, argv: list[str]) -> Pat
     tmp.mkdir(parents=True)
     for f in RECORD_FILES:
         shutil.copy2(run_dir / f, tmp / f)
+    items = _interval_items(run_dir, seeds)
+    if items is not None:
+        atomic_write_csv(tmp / "interval_items.csv", items)
     atomic_write_json(tmp / "record.json", rec)
     os.replace(tmp, folder)
     readme = records / "README.md"

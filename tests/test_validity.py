@@ -472,6 +472,12 @@ def test_committed_validation_records_are_complete_and_pool_without_training(tmp
         rec = json.loads((d / "record.json").read_text(encoding="utf-8"))
         assert rec["seeds"] == tot["seeds"] and rec["command"].startswith("python bench/validity.py ") and rec["commit"]
         assert all(f"--seeds {' '.join(map(str, tot['seeds']))}" in x for x in (rec["command"],)), d.name
+        if (d / "interval_items.csv").is_file():   # records from the eighteenth session on
+            it = pd.read_csv(d / "interval_items.csv")
+            assert set(it["seed"]) <= set(tot["seeds"]) and set(it["stage"]) <= {"pilot", "confirm"}, d.name
+            lo = np.minimum(it["both_lo"], it["seed_lo"])
+            assert (it["items_call"] == (lo > it["tie_margin"])).all(), d.name
+            assert (it["seed_call"] == (it["seed_lo"] > it["tie_margin"])).all(), d.name
     res = mod.pool_validations(dirs, tmp_path / "pool")
     assert res["folders"] == [d.name for d in dirs]
     pooled = pd.read_csv(tmp_path / "pool" / "selector_summary_pooled.csv").set_index("selector")
@@ -494,7 +500,17 @@ def test_record_keeps_a_finished_validation_and_pools(smoke, tmp_path):
     argv = ["--seeds", "0", "--tiny", "--truth-seeds", "2", "--out", str(out)]
     folder = mod.save_record(out, records, "planted", argv)
     assert folder == records / "planted-s0"
-    assert sorted(p.name for p in folder.iterdir()) == sorted(mod.RECORD_FILES + ("record.json",))
+    assert sorted(p.name for p in folder.iterdir()) == sorted(mod.RECORD_FILES + ("record.json", "interval_items.csv"))
+    # the declared secondary analysis travels with the record: bench/interval_items.py's table of the run
+    items = pd.read_csv(folder / "interval_items.csv")
+    assert len(items) >= 1 and set(items["stage"]) <= {"pilot", "confirm"} and set(items["seed"]) == {0}
+    assert (items["seed_call"] == (items["seed_lo"] > items["tie_margin"])).all()
+    lo = np.minimum(items["both_lo"], items["seed_lo"])   # the wider interval: never calls what seeds alone would not
+    assert (items["items_call"] == (lo > items["tie_margin"])).all() and not (items["items_call"] & ~items["seed_call"]).any()
+    sel = json.loads((out / "seed0" / "score" / "selection.json").read_text())["decision"]
+    pil = items[items["stage"] == "pilot"].iloc[0]
+    assert (pil["top"], pil["runner_up"]) == (sel["top"], sel["runner_up"]) and pil["verdict"] == sel["verdict"]
+    assert (pil["seed_lo"], pil["seed_hi"]) == pytest.approx(tuple(sel["diff_ci"]), abs=1e-6)
     assert (folder / "selectors.csv").read_bytes() == (out / "selectors.csv").read_bytes()
     rec = json.loads((folder / "record.json").read_text())
     assert rec["command"] == "python bench/validity.py " + " ".join(argv) and rec["seeds"] == [0]
