@@ -1003,6 +1003,19 @@ def _seeds_label(seeds: list[int]) -> str:
     return f"s{s[0]}-{s[-1]}" if len(s) > 1 and s == list(range(s[0], s[-1] + 1)) else "s" + "-".join(map(str, s))
 
 
+def _ladder_cpus(run_dir: Path, seeds: list[int]) -> list[dict]:
+    """The distinct ``cpu`` entries (processor, torch's CPU kernel instruction set) of the run's toy ladders
+    (``seed<S>/ladder/ladder.json``). The same seed builds another ladder on another kind of CPU
+    (docs/toy-ladder.md, "Another CPU type, another ladder"), so a record names the ladders' CPU."""
+    cpus: list[dict] = []
+    for s in seeds:
+        f = Path(run_dir) / f"seed{s}" / "ladder" / "ladder.json"
+        cpu = json.loads(f.read_text(encoding="utf-8")).get("cpu") if f.is_file() else None
+        if cpu and cpu not in cpus:
+            cpus.append(cpu)
+    return cpus
+
+
 def _interval_items(run_dir: Path, seeds: list[int]) -> pd.DataFrame | None:
     """bench/interval_items.py's table (seed-only vs seeds+items interval of every pilot and confirmation
     decision) for the run, or None when the run kept no pipeline decisions (the declared secondary analysis,
@@ -1019,7 +1032,7 @@ def _interval_items(run_dir: Path, seeds: list[int]) -> pd.DataFrame | None:
 def save_record(run_dir: Path, records: Path, name: str, argv: list[str]) -> Path:
     """Copy the :data:`RECORD_FILES` of the finished validation ``run_dir`` into ``records/<name>-<seeds>/``
     (written under a temporary name, then renamed: never a partial record), with ``record.json``
-    (command, commit, wall seconds) and ``interval_items.csv`` (bench/interval_items.py's table, when the
+    (command, commit, wall seconds, the ladders' CPU) and ``interval_items.csv`` (bench/interval_items.py's table, when the
     run's pipeline decisions are there), and add its row to ``records/README.md`` when that file exists."""
     run_dir, records = Path(run_dir), Path(records)
     missing = [f for f in RECORD_FILES if not (run_dir / f).is_file()]
@@ -1042,7 +1055,8 @@ def save_record(run_dir: Path, records: Path, name: str, argv: list[str]) -> Pat
     commit, dirty = git["commit"], git["dirty"]
     command = "python bench/validity.py " + shlex.join(str(x) for x in argv)
     rec = {"command": command, "commit": commit, "dirty": dirty, "seeds": tot["seeds"], "config": tot.get("config"),
-           "curriculum": tot.get("curriculum"), "tiny": tot.get("tiny"), "seconds": tot.get("seconds")}
+           "curriculum": tot.get("curriculum"), "tiny": tot.get("tiny"), "seconds": tot.get("seconds"),
+           "cpu": _ladder_cpus(run_dir, seeds)}
     tmp = folder.with_name(folder.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -1057,8 +1071,9 @@ def save_record(run_dir: Path, records: Path, name: str, argv: list[str]) -> Pat
     if readme.is_file():
         sha = (commit[:7] + (" + uncommitted changes" if dirty else "")) if commit else "unknown"
         cur = tot.get("curriculum") or "(the config's own)"
+        cpu = ", ".join(f"{c.get('model')} ({c.get('torch_cpu_capability')})" for c in rec["cpu"]) or "CPU not recorded"
         row = (f"| `{folder.name}` | {cur} | `{tot.get('config')}` | "
-               f"{_seeds_label(tot['seeds'])[1:]} | `{command}` | {sha} | {tot.get('seconds', 0):,.0f} s |\n")
+               f"{_seeds_label(tot['seeds'])[1:]} | `{command}` | {sha} | {cpu}, {tot.get('seconds', 0):,.0f} s |\n")
         text = readme.read_text(encoding="utf-8")
         atomic_write_text(readme, text + ("" if text.endswith("\n") else "\n") + row)
     return folder

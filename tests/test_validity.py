@@ -515,9 +515,13 @@ def test_record_keeps_a_finished_validation_and_pools(smoke, tmp_path):
     rec = json.loads((folder / "record.json").read_text())
     assert rec["command"] == "python bench/validity.py " + " ".join(argv) and rec["seeds"] == [0]
     assert rec["seconds"] == totals["seconds"]
+    # the ladder's CPU travels with the record (another CPU type builds another ladder from the same seed)
+    lad = json.loads((out / "seed0" / "ladder" / "ladder.json").read_text())
+    assert rec["cpu"] == [lad["cpu"]] and lad["cpu"]["torch_cpu_capability"]
     assert rec["commit"] is None or len(rec["commit"]) == 40
     rows = (records / "README.md").read_text().splitlines()
     assert len(rows) == 2 and rows[1].startswith("| `planted-s0` |") and rec["command"] in rows[1]
+    assert f"({lad['cpu']['torch_cpu_capability']})" in rows[1]
     assert mod.pool_validations([folder], tmp_path / "pool")["folders"] == ["planted-s0"]
     with pytest.raises(SystemExit, match="already exists"):
         mod.save_record(out, records, "planted", argv)
