@@ -54,6 +54,9 @@ def table(out: Path, seeds: list[int], metric: str = "task_accuracy") -> pd.Data
     rows = []
     for s in seeds:
         run = Path(out) / f"seed{s}" / "score"
+        if not run.is_dir():
+            raise SystemExit(f"interval_items: {run} does not exist: pass a bench/validity.py OUT/<curriculum> "
+                             f"folder and seeds that it ran (--seeds).")
         for stage, file, key in (("pilot", "selection.json", "decision"), ("confirm", "confirm.json", "confirm_decision")):
             if not (run / file).is_file():
                 continue

@@ -507,6 +507,11 @@ def test_record_keeps_a_finished_validation_and_pools(smoke, tmp_path):
     assert (items["seed_call"] == (items["seed_lo"] > items["tie_margin"])).all()
     lo = np.minimum(items["both_lo"], items["seed_lo"])   # the wider interval: never calls what seeds alone would not
     assert (items["items_call"] == (lo > items["tie_margin"])).all() and not (items["items_call"] & ~items["seed_call"]).any()
+    spec = importlib.util.spec_from_file_location("interval_items", REPO / "bench" / "interval_items.py")
+    ii = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ii)
+    with pytest.raises(SystemExit, match="seed7.*does not exist"):   # a seed the run never had: no empty table
+        ii.table(out, [0, 7])
     sel = json.loads((out / "seed0" / "score" / "selection.json").read_text())["decision"]
     pil = items[items["stage"] == "pilot"].iloc[0]
     assert (pil["top"], pil["runner_up"]) == (sel["top"], sel["runner_up"]) and pil["verdict"] == sel["verdict"]
