@@ -35,6 +35,8 @@ def test_repo_plan_declares_the_final_comparison_and_still_shortlists():
     ({"constraints": [{"metric": "termination"}]}, "needs `min:` or `max:`"),
     ({"decision": {"tie_margin": -0.1}}, "must be >= 0"),
     ({"decision": {"rule": "majority"}}, "only 'interval_above_margin'"),
+    ({"decision": {"interval": "items"}}, r"interval must be one of \['seeds', 'seeds\+items'\]"),
+    ({"primary": "sft_heldout_bpb", "decision": {"interval": "seeds+items"}}, "is token/byte weighted"),
     ({"uncertainty": {"bootstrap": 10}}, "must be >= 100"),
     ({"uncertainty": {"level": 1.0}}, r"level must be in \[0.5, 1\)"),
 ])
@@ -48,6 +50,12 @@ def test_defaults_and_lower_is_better_metrics():
     assert s.direction == "lower" and s.constraints[0].passes(2.9) and not s.constraints[0].passes(3.1)
     assert not s.constraints[0].passes(float("nan"))
     assert selection_spec_from_dict(None).primary == "task_accuracy"
+    # decision.interval: the default is the seed-level interval, and the resolved plan names another one only
+    # when the plan asks for it (older plans' outputs stay byte-identical)
+    assert selection_spec_from_dict(None).interval == "seeds"
+    assert "interval" not in selection_spec_from_dict(None).to_dict()["decision"]
+    si = selection_spec_from_dict({"decision": {"tie_margin": 0.02, "interval": "seeds+items"}})
+    assert si.interval == "seeds+items" and si.to_dict()["decision"]["interval"] == "seeds+items"
 
 
 @pytest.mark.parametrize("rel, outcome", [

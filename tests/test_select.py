@@ -338,3 +338,105 @@ def test_all_zero_tie_is_split_evenly_everywhere(tmp_path, n_bases):
     r = rank_bases(PilotTables(tmp_path, transfer, None, None), SelectionSpec(primary="task_accuracy"))
     assert r.table["p_best"].tolist() == pytest.approx([1 / n_bases] * n_bases, abs=1e-12)
     assert r.p_top_beats_runner_up == pytest.approx(0.5) and r.verdict == "no_clear_winner" and r.recommended is None
+
+
+def _item_tables(tmp_path, n_items=40, seeds=range(6), strong=4):
+    """Three bases on the same binary items: ``a`` beats ``b`` on ``strong`` items under every SFT seed and
+    ties it elsewhere except one item per seed that flips (small seed noise, large item heterogeneity);
+    ``c`` is far behind. Returns (transfer, items)."""
+    rows = []
+    for s in seeds:
+        for i in range(n_items):
+            a = 1.0
+            b = 0.0 if i < strong else 1.0
+            if i == strong + s:  # one seed-specific flip
+                b = 0.0 if s % 2 else 1.0
+                a = 0.0 if s % 2 == 0 else 1.0
+            c = 1.0 if i % 2 else 0.0
+            for base, v in (("a", a), ("b", b), ("c", c)):
+                rows.append(dict(base=base, seed=s, metric="task_accuracy", item_id=f"t/{i}", value=v))
+    items = pd.DataFrame(rows)
+    transfer = items.groupby(["base", "seed", "metric"], as_index=False)["value"].mean()
+    return transfer, items
+
+
+def test_seeds_items_interval_widens_to_the_item_draw_and_matches_the_validation_analysis(tmp_path):
+    """decision.interval: seeds+items. Seed noise is small and the lead rests on 4 of 40 items: the seed-level
+    interval names a winner, the seeds + items one does not. Its lower end is what the validation's secondary
+    analysis (bench/interval_items.py, the independent computation behind bench/VALIDITY.md) reports, it is never
+    narrower than the seed-level one for any base, and the seed-level default is unchanged."""
+    import importlib.util
+    from pathlib import Path
+
+    transfer, items = _item_tables(tmp_path)
+    tables = PilotTables(tmp_path, transfer, items, None)
+    seed_only = rank_bases(tables, SelectionSpec(primary="task_accuracy", tie_margin=0.02))
+    both = rank_bases(tables, SelectionSpec(primary="task_accuracy", tie_margin=0.02, interval="seeds+items"))
+    assert seed_only.top == both.top == "a" and seed_only.runner_up == both.runner_up == "b"
+    assert seed_only.verdict == "winner" and both.verdict == "no_clear_winner"
+    assert both.diff == pytest.approx(seed_only.diff, abs=1e-12)
+    spec = importlib.util.spec_from_file_location("interval_items", Path(__file__).parents[1] / "bench" / "interval_items.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    ref = mod.intervals(items, "a", "b", "task_accuracy", n_comparisons=2)
+    assert seed_only.diff_ci[0] == pytest.approx(ref["seed_lo"], abs=1e-9)
+    assert both.diff_ci[0] == pytest.approx(min(ref["seed_lo"], ref["both_lo"]), abs=1e-9)
+    assert both.diff_ci[0] < ref["seed_lo"] - 0.02  # the item part matters here, by construction
+    t1, t2 = seed_only.table.set_index("base"), both.table.set_index("base")
+    for b in ("b", "c"):
+        assert t2.loc[b, "diff_vs_top_lo"] <= t1.loc[b, "diff_vs_top_lo"] + 1e-12
+    # P(top beats runner-up) and p_best stay seed-level
+    assert both.p_top_beats_runner_up == pytest.approx(seed_only.p_top_beats_runner_up, abs=1e-12)
+    assert "seeds + items" in both.summary(SelectionSpec(interval="seeds+items"))["interval"]
+    # with the lead spread over many items, the item part is small and both rules name the winner
+    transfer2, items2 = _item_tables(tmp_path, n_items=200, strong=60)
+    r2 = rank_bases(PilotTables(tmp_path, transfer2, items2, None),
+                    SelectionSpec(primary="task_accuracy", tie_margin=0.02, interval="seeds+items"))
+    assert r2.verdict == "winner" and r2.top == "a"
+
+
+def test_seeds_items_interval_refuses_tables_that_cannot_carry_it(tmp_path):
+    """No per-item table, an item missing for one base and seed, or item means that are not the seed values (a
+    token-weighted metric): a clear error naming transfer_items.parquet and the plan key, never a silent
+    fallback to the seed-level interval."""
+    transfer, items = _item_tables(tmp_path)
+    spec = SelectionSpec(primary="task_accuracy", tie_margin=0.02, interval="seeds+items")
+    with pytest.raises(SelectionError, match=r"transfer_items.parquet: missing.*interval: seeds"):
+        rank_bases(PilotTables(tmp_path, transfer, None, None), spec)
+    holed = items.drop(items[(items["base"] == "b") & (items["seed"] == 3) & (items["item_id"] == "t/7")].index)
+    with pytest.raises(SelectionError, match=r"transfer_items.parquet: .*same items for every compared base"):
+        rank_bases(PilotTables(tmp_path, transfer, holed, None), spec)
+    weighted = transfer.copy()
+    weighted.loc[weighted["base"] == "c", "value"] += 0.01
+    with pytest.raises(SelectionError, match=r"item mean .* is not its seed value"):
+        rank_bases(PilotTables(tmp_path, weighted, items, None), spec)
+    # the seed-level default needs none of it
+    assert rank_bases(PilotTables(tmp_path, transfer, None, None),
+                      SelectionSpec(primary="task_accuracy", tie_margin=0.02)).verdict == "winner"
+
+
+def test_a_plan_asking_for_seeds_items_is_used_end_to_end(tmp_path):
+    """A locked plan with `decision.interval: seeds+items`: select() reads it, the intervals are at least as wide
+    as the seed-level ones of the same pilot, selection.json records the rule, and the report's caveat says what
+    the intervals cover."""
+    from probeselect.final_report import SELECTION_CAVEATS, _caveats
+
+    runs = {}
+    for rule in ("seeds", "seeds+items"):
+        d = make_score_run(tmp_path / rule / "run")
+        plan = tmp_path / rule / "plan.yaml"
+        plan.write_text(PLAN.replace("decision: {tie_margin: 0.02}", f"decision: {{tie_margin: 0.02, interval: {rule}}}"))
+        lock_plan(plan, d, allow_weak=True)
+        shortlist(d, plan)
+        write_fake_pilot(d / "pilot", _truth((0.85, 0.45, 0.40)))
+        runs[rule] = (select(d).ranking, json.loads((d / "selection.json").read_text()))
+    (r1, j1), (r2, j2) = runs["seeds"], runs["seeds+items"]
+    assert r1.top == r2.top == "checkpoint-40" and r2.diff == pytest.approx(r1.diff, abs=1e-12)
+    assert r2.diff_ci[0] <= r1.diff_ci[0] + 1e-12 and r2.diff_ci[1] >= r1.diff_ci[1] - 1e-12
+    assert "interval" not in j1["selection_plan"]["decision"]
+    assert j2["selection_plan"]["decision"]["interval"] == "seeds+items"
+    assert _caveats(j1) == SELECTION_CAVEATS
+    c2 = _caveats(j2)
+    assert any("new draw of transfer items" in c for c in c2) and not any(c.startswith("The intervals are seed-level")
+                                                                        for c in c2)
+

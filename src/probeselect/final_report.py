@@ -51,6 +51,19 @@ SELECTION_CAVEATS = [
 ]
 
 
+_ITEMS_CAVEAT = ("The difference intervals cover the variation between SFT seeds and a new draw of transfer items of "
+                 "the same kinds (the plan's `decision.interval: seeds+items`); they do not cover other recipes, other "
+                 "task kinds or systematic errors in the runs (check the run-correctness table).")
+
+
+def _caveats(sel: dict) -> list[str]:
+    """SELECTION_CAVEATS, with the interval caveat the plan's ``decision.interval`` makes true."""
+    interval = ((sel.get("selection_plan") or {}).get("decision") or {}).get("interval", "seeds")
+    if interval != "seeds+items":
+        return list(SELECTION_CAVEATS)
+    return [_ITEMS_CAVEAT if c.startswith("The intervals are seed-level") else c for c in SELECTION_CAVEATS]
+
+
 def _pct(x: Any) -> str:
     return "n/a" if x is None else f"{100 * float(x):.0f}%"
 
@@ -668,7 +681,7 @@ def write_selection_report(run_dir: str | Path, *, averaged_run_dir: str | Path 
         _confirm_section(conf, sel, run_dir),
         probe.summary,
         *probe.evidence,
-        Section("Caveats", [Para("What this evidence does not establish:"), Bullets(SELECTION_CAVEATS + CAVEATS)]),
+        Section("Caveats", [Para("What this evidence does not establish:"), Bullets(_caveats(sel) + CAVEATS)]),
         prov,
     ]
     title = f"probeselect base selection: {run_name(run_dir, probe.manifest)}"

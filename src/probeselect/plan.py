@@ -10,7 +10,7 @@ comparison after matched pilot SFT::
       constraints:                                          # on seed-mean transfer values
         - {metric: robust_recovery, min: 0.25}
         - {metric: termination, min: 0.5}
-      decision: {tie_margin: 0.02}      # in the primary metric's units
+      decision: {tie_margin: 0.02}      # in the primary metric's units; interval: seeds | seeds+items
       uncertainty: {bootstrap: 2000, seed: 0, level: 0.95}
       selection_effect: {random_proxies: null}   # M random proxies; null = the number declared
 
@@ -58,6 +58,7 @@ LOCK_NAME = "plan.lock.json"
 SHORTLIST_FILES = ("shortlist.csv", "shortlist.json")
 # Transfer metrics of probeselect.transfer and their direction (contract; other metric names need `direction`).
 TRANSFER_METRICS = {m: direction_word(m) for m in TRANSFER_METRIC_NAMES}
+INTERVALS = ("seeds", "seeds+items")  # selection.decision.interval
 _SELECTION_KEYS = ("primary", "constraints", "decision", "uncertainty", "selection_effect", "min_sft_seeds")
 _SKIP_DIRS = {"cache"}  # the scoring cache: derived parts, not results
 
@@ -395,11 +396,15 @@ class SelectionSpec:
     level: float = 0.95
     random_proxies: int | None = None
     min_sft_seeds: int = 3
+    interval: str = "seeds"  # "seeds" | "seeds+items" (selection.decision.interval; see probeselect.select)
 
     def to_dict(self) -> dict[str, Any]:
         return {"primary": {"metric": self.primary, "direction": self.direction},
                 "constraints": [{"metric": c.metric, "min": c.min, "max": c.max} for c in self.constraints],
-                "decision": {"rule": "interval_above_margin", "tie_margin": self.tie_margin},
+                # the interval key only when it is not the default, so that the outputs of plans
+                # written before it existed stay byte-identical
+                "decision": {"rule": "interval_above_margin", "tie_margin": self.tie_margin,
+                             **({"interval": self.interval} if self.interval != "seeds" else {})},
                 "uncertainty": {"bootstrap": self.bootstrap, "seed": self.seed, "level": self.level},
                 "selection_effect": {"random_proxies": self.random_proxies},
                 "min_sft_seeds": self.min_sft_seeds}
@@ -476,10 +481,21 @@ def selection_spec_from_dict(raw: Any, *, source: str = "<plan>") -> SelectionSp
     dec = raw.get("decision") or {}
     if not isinstance(dec, dict):
         raise ProbeSpecError(f"{src}: selection.decision must be a mapping like {{tie_margin: 0.02}}.")
-    _only(src, "selection.decision: ", dec, ("rule", "tie_margin"))
+    _only(src, "selection.decision: ", dec, ("rule", "tie_margin", "interval"))
     if dec.get("rule", "interval_above_margin") != "interval_above_margin":
         raise ProbeSpecError(f"{src}: selection.decision.rule: only 'interval_above_margin' is defined "
                              f"(got {dec.get('rule')!r}).")
+    interval = dec.get("interval", "seeds")
+    if interval not in INTERVALS:
+        raise ProbeSpecError(f"{src}: selection.decision.interval must be one of {list(INTERVALS)} "
+                             f"(got {interval!r}): 'seeds' generalises over SFT seeds on the piloted items, "
+                             "'seeds+items' also over a new draw of transfer items.")
+    from .transfer import WEIGHTED_METRICS
+
+    if interval == "seeds+items" and metric in WEIGHTED_METRICS:
+        raise ProbeSpecError(f"{src}: selection.decision.interval 'seeds+items' needs a primary metric whose seed "
+                             f"value is the item mean; {metric!r} is token/byte weighted. Use `interval: seeds` or "
+                             "an item-mean metric such as task_accuracy.")
     tie = _num(src, "selection.decision.tie_margin", dec.get("tie_margin", 0.0), minimum=0.0)
     unc = raw.get("uncertainty") or {}
     if not isinstance(unc, dict):
@@ -498,7 +514,8 @@ def selection_spec_from_dict(raw: Any, *, source: str = "<plan>") -> SelectionSp
     m = None if m is None else _num(src, "selection.selection_effect.random_proxies", m, minimum=1, integer=True)
     min_seeds = _num(src, "selection.min_sft_seeds", raw.get("min_sft_seeds", 3), minimum=2, integer=True)
     return SelectionSpec(primary=metric, direction=direction, constraints=tuple(cons), tie_margin=tie,
-                         bootstrap=boot, seed=seed, level=level, random_proxies=m, min_sft_seeds=min_seeds)
+                         bootstrap=boot, seed=seed, level=level, random_proxies=m, min_sft_seeds=min_seeds,
+                         interval=interval)
 
 
 def load_selection_plan(path: str | Path) -> SelectionPlan:

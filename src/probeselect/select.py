@@ -37,6 +37,18 @@ shortlist (``run_dir/shortlist.csv``), and writes ``selection.json`` and
   generalise over SFT seeds on a fixed item set: the seed values are means over the same transfer
   items, so they say how a new SFT seed would rank the bases on *these* items, not how a new
   draw of items (another transfer suite of the same kinds) would.
+* **Seeds + items** (``selection.decision.interval: seeds+items``; default ``seeds``): the difference
+  intervals also generalise over the transfer items. For top vs j, d[i, s] = value_top(i, s) -
+  value_j(i, s) over the items x seeds grid of ``transfer_items.parquet``; se^2 = var_s(mean_i d) / n +
+  var_i(mean_s d) / I (Owen's pigeonhole bound for a crossed design: it counts the item x seed residual
+  twice, so it errs wide), Satterthwaite degrees of freedom, the same Bonferroni level; the half-width
+  used is the larger of this one and the seed-only one (with few seeds the Satterthwaite t quantile can
+  shrink faster than the standard error grows, and a rule meant to add the item draw must never call
+  what the seed-only rule would not). It needs every base's per-item values for every compared seed,
+  and a primary metric whose seed value is the item mean (not a token-weighted one); otherwise
+  the plan check or selection stops with an error naming the file.
+  ``p_best`` and P(top beats runner-up) stay seed-level. Measured on the toy validation:
+  bench/VALIDITY.md ("Declared secondary analysis").
 * **Decision rule** (``interval_above_margin``): the top base is a **clear winner** when
   n >= ``selection.min_sft_seeds`` (default 3) and every difference interval (top - j) lies
   above ``tie_margin``; otherwise the verdict is **no clear winner** and ``reason`` says why
@@ -67,6 +79,7 @@ shortlist (``run_dir/shortlist.csv``), and writes ``selection.json`` and
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -173,7 +186,10 @@ class Ranking:
                 "p_top_beats_runner_up": self.p_top_beats_runner_up, "tie_margin": spec.tie_margin,
                 "seeds": self.seeds, "n_items": self.n_items, "n_sft_seeds": len(self.seeds),
                 "min_sft_seeds": self.min_sft_seeds, "reason": self.reason, "n_comparisons": self.n_comparisons,
-                "t_critical": self.t_critical, "interval": "seed-level paired t, Bonferroni over the comparisons"}
+                "t_critical": self.t_critical,
+                "interval": ("seed-level paired t, Bonferroni over the comparisons" if spec.interval == "seeds" else
+                             "seeds + items (Satterthwaite t, at least the seed-level width), Bonferroni over "
+                             "the comparisons")}
 
 
 @dataclass
@@ -342,7 +358,9 @@ def rank_bases(tables: PilotTables, spec: SelectionSpec, *, bases: list[str] | N
     elig = [b for b in bases if not fails[b]]
     elig.sort(key=lambda b: -sign * point[b])
     rest = sorted([b for b in bases if fails[b]], key=lambda b: -sign * point[b] if point[b] == point[b] else math.inf)
-    cmp = _compare_eligible(table, values, bases, elig, sign, spec, n_s)
+    cmp = _compare_eligible(table, values, bases, elig, sign, spec, n_s,
+                            items=_items_grid(tables, spec, elig, seeds, values, bases) if (
+                                spec.interval == "seeds+items" and len(elig) >= 2 and n_s >= 2) else None)
     table["position"] = [elig.index(b) + 1 if b in elig else np.nan for b in bases]
     table["transfer_rank"] = pd.Series(-sign * point.to_numpy(float)).rank(method="average").to_numpy()
     table = table.set_index("base").loc[elig + rest].reset_index()
@@ -396,11 +414,59 @@ def _constraint_columns(table: pd.DataFrame, transfer: pd.DataFrame, spec: Selec
     return fails
 
 
+def _items_grid(tables: PilotTables, spec: SelectionSpec, elig: list[str], seeds: list[int], values: np.ndarray,
+                bases: list[str]) -> np.ndarray:
+    """Per-item values of the primary metric, array (eligible bases, items, seeds) in ``elig`` order,
+    for ``decision.interval: seeds+items``; an error naming the file when they cannot stand behind
+    the seed values."""
+    ip = tables.out_dir / "transfer_items.parquet"
+    fix = "or set `selection.decision.interval: seeds` in the plan."
+    if tables.items is None:
+        raise SelectionError(f"{ip}: missing, and the plan's selection.decision.interval is 'seeds+items', which "
+                             f"needs the per-item transfer values. Re-run the pilot's transfer evaluation, {fix}")
+    it = tables.items[(tables.items["metric"] == spec.primary) & tables.items["seed"].isin(seeds)
+                      & tables.items["base"].isin(elig)]
+    grid = it.pivot_table(index="item_id", columns=["base", "seed"], values="value", aggfunc="mean")
+    cols = pd.MultiIndex.from_product([elig, seeds], names=["base", "seed"])
+    grid = grid.reindex(columns=cols)
+    if grid.empty or grid.isna().to_numpy().any():
+        have = it.groupby(["base", "seed"])["item_id"].nunique()
+        raise SelectionError(f"{ip}: selection.decision.interval 'seeds+items' needs {spec.primary!r} on the same "
+                             f"items for every compared base and seed ({elig} x seeds {seeds}); items per (base, seed): "
+                             f"{have.to_dict() or 'none'}. Re-run the transfer evaluation, {fix}")
+    arr = grid.to_numpy(float).reshape(len(grid), len(elig), len(seeds)).transpose(1, 0, 2)
+    col = {b: i for i, b in enumerate(bases)}
+    seed_vals = values[[col[b] for b in elig]]
+    if not np.allclose(arr.mean(axis=1), seed_vals, rtol=1e-6, atol=1e-9):
+        raise SelectionError(f"{ip}: the item mean of {spec.primary!r} is not its seed value in transfer.csv (a "
+                             "token-weighted metric, or tables from different runs); 'seeds+items' needs a primary "
+                             f"metric whose seed value is the item mean, {fix}")
+    return arr
+
+
+def items_half_widths(d: np.ndarray, n_comparisons: int, level: float = 0.95) -> tuple[float, float]:
+    """(half-width, degrees of freedom) of the seeds + items interval of mean(d), d an items x seeds
+    array of paired differences (module docstring): se^2 = var_s(item mean) / n + var_i(seed mean) / I,
+    Satterthwaite df, Student t at the Bonferroni level over ``n_comparisons``."""
+    from scipy.stats import t as student_t
+
+    n_items, n_seeds = d.shape
+    a = float(d.mean(axis=0).var(ddof=1)) / n_seeds if n_seeds > 1 else float("nan")
+    b = float(d.mean(axis=1).var(ddof=1)) / n_items if n_items > 1 else 0.0
+    if not a == a:
+        return float("nan"), float("nan")
+    den = a * a / (n_seeds - 1) + (b * b / (n_items - 1) if n_items > 1 else 0.0)
+    dfree = (a + b) ** 2 / den if den > 0 else float(n_seeds - 1)
+    q = 1 - (1 - level) / (2 * max(1, n_comparisons))
+    return float(student_t.ppf(q, dfree)) * math.sqrt(a + b), dfree
+
+
 def _compare_eligible(table: pd.DataFrame, values: np.ndarray, bases: list[str], elig: list[str], sign: float,
-                      spec: SelectionSpec, n_s: int):
+                      spec: SelectionSpec, n_s: int, items: np.ndarray | None = None):
     """Every eligible base against the top one (``diff_vs_top`` columns, :func:`compare_top`) and
     each one's posterior probability of being best (``p_best``); the comparison, or None with
-    fewer than two eligible bases."""
+    fewer than two eligible bases. ``items`` (eligible x items x seeds, from :func:`_items_grid`)
+    widens each difference interval to at least the seeds + items one."""
     col = {b: i for i, b in enumerate(bases)}
     table["diff_vs_top"] = np.nan
     table["diff_vs_top_lo"] = np.nan
@@ -411,6 +477,14 @@ def _compare_eligible(table: pd.DataFrame, values: np.ndarray, bases: list[str],
         ev = sign * values[[col[b] for b in elig]]
         cmp = compare_top(ev, spec.level)
         assert int(cmp.top) == 0  # elig is sorted by the same seed means (stable)
+        if items is not None:
+            oriented = sign * items
+            half = cmp.half.copy()
+            for j in range(1, len(elig)):
+                h, _ = items_half_widths(oriented[0] - oriented[j], len(elig) - 1, spec.level)
+                if h == h:
+                    half[j] = max(float(half[j]), h)
+            cmp = dataclasses.replace(cmp, half=half)
         for j, b in enumerate(elig):
             if j:
                 table.loc[col[b], ["diff_vs_top", "diff_vs_top_lo", "diff_vs_top_hi"]] = (
