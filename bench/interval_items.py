@@ -11,6 +11,9 @@ degrees of freedom and the same Bonferroni factor as the decision. Development a
 
     python bench/interval_items.py OUT/late_harm_attempt10e --seeds 50 51 52 53 54 [--csv FILE]
 
+Rows: every pilot and confirmation decision with a runner-up, and (since 2026-12-05, nineteenth session)
+every planted tie pilot of the validation (stage ``tie:twin``, ``tie:same_mode``).
+
 ``bench/validity.py --record`` keeps this table as ``interval_items.csv`` in the record.
 """
 
@@ -43,9 +46,44 @@ def intervals(items: pd.DataFrame, top: str, other: str, metric: str, n_comparis
             "widen": h2 / h1 if h1 > 0 else float("nan"), "items": n_items, "seeds": n_seeds}
 
 
+def margin_of(run: Path) -> float:
+    """The plan's tie margin, from the seed's selection.json (0 when there is none)."""
+    sel = run / "selection.json"
+    if not sel.is_file():
+        return 0.0
+    return float(json.loads(sel.read_text(encoding="utf-8"))["decision"].get("tie_margin") or 0.0)
+
+
+def _tie_rows(out: Path, seed: int, metric: str, margin: float) -> list[dict]:
+    """The planted ties of a validation seed (``seed<S>/ties/<name>/pilot``, two bases, one comparison), with
+    the validation's verdict from ``OUT/ties.csv`` when the run wrote it: stage ``tie:<name>``."""
+    rows = []
+    verdicts = {}
+    if (out / "ties.csv").is_file():
+        tc = pd.read_csv(out / "ties.csv")
+        verdicts = {(int(r.seed), str(r.tie)): str(r.verdict) for r in tc.itertuples()}
+    ties = out / f"seed{seed}" / "ties"
+    for tdir in sorted(ties.iterdir()) if ties.is_dir() else []:
+        ip = tdir / "pilot" / "transfer_items.parquet"
+        if not ip.is_file():
+            continue
+        items = pd.read_parquet(ip)
+        means = items[items["metric"] == metric].groupby("base")["value"].mean().sort_values(ascending=False,
+                                                                                             kind="stable")
+        if len(means) != 2:
+            continue
+        top, other = str(means.index[0]), str(means.index[1])
+        r = intervals(items, top, other, metric, 1)
+        rows.append({"seed": seed, "stage": f"tie:{tdir.name}", "top": top, "runner_up": other, **r,
+                     "tie_margin": margin, "verdict": verdicts.get((seed, tdir.name), ""),
+                     "seed_call": r["seed_lo"] > margin, "items_call": min(r["both_lo"], r["seed_lo"]) > margin})
+    return rows
+
+
 def table(out: Path, seeds: list[int], metric: str = "task_accuracy") -> pd.DataFrame:
     """One row per (seed, stage) of the validation folder ``out`` (``seed<S>/score/``) whose decision had a
-    runner-up: the seed-only and the seeds+items intervals of top - runner-up, the plan's verdict, and whether
+    runner-up, and one per planted tie (stage ``tie:<name>``, from ``seed<S>/ties/<name>/pilot``): the seed-only
+    and the seeds+items intervals of top - runner-up, the plan's verdict, and whether
     the lower end clears the plan's tie margin: ``seed_call`` on the seed-only interval, ``items_call`` on the
     wider of the two. The seeds+items interval alone is not always the wider: its Satterthwaite degrees of
     freedom grow with the item part, so with few seeds its t quantile can shrink more than its standard error
@@ -70,6 +108,7 @@ def table(out: Path, seeds: list[int], metric: str = "task_accuracy") -> pd.Data
                          "tie_margin": margin, "verdict": d["verdict"],
                          "seed_call": r["seed_lo"] > margin,
                          "items_call": min(r["both_lo"], r["seed_lo"]) > margin})
+        rows.extend(_tie_rows(Path(out), s, metric, margin_of(run)))
     return pd.DataFrame(rows, columns=["seed", "stage", "top", "runner_up", "diff", "seed_lo", "seed_hi", "both_lo",
                                        "both_hi", "widen", "items", "seeds", "tie_margin", "verdict", "seed_call",
                                        "items_call"])

@@ -474,7 +474,8 @@ def test_committed_validation_records_are_complete_and_pool_without_training(tmp
         assert all(f"--seeds {' '.join(map(str, tot['seeds']))}" in x for x in (rec["command"],)), d.name
         if (d / "interval_items.csv").is_file():   # records from the eighteenth session on
             it = pd.read_csv(d / "interval_items.csv")
-            assert set(it["seed"]) <= set(tot["seeds"]) and set(it["stage"]) <= {"pilot", "confirm"}, d.name
+            assert set(it["seed"]) <= set(tot["seeds"]), d.name
+            assert set(it["stage"]) <= {"pilot", "confirm", "tie:twin", "tie:same_mode"}, d.name
             lo = np.minimum(it["both_lo"], it["seed_lo"])
             assert (it["items_call"] == (lo > it["tie_margin"])).all(), d.name
             assert (it["seed_call"] == (it["seed_lo"] > it["tie_margin"])).all(), d.name
@@ -503,7 +504,17 @@ def test_record_keeps_a_finished_validation_and_pools(smoke, tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == sorted(mod.RECORD_FILES + ("record.json", "interval_items.csv"))
     # the declared secondary analysis travels with the record: bench/interval_items.py's table of the run
     items = pd.read_csv(folder / "interval_items.csv")
-    assert len(items) >= 1 and set(items["stage"]) <= {"pilot", "confirm"} and set(items["seed"]) == {0}
+    assert len(items) >= 1 and set(items["stage"]) <= {"pilot", "confirm", "tie:twin", "tie:same_mode"}
+    assert set(items["seed"]) == {0}
+    # the planted ties are in the table too, with the validation's own verdict and seed-level interval
+    tie_rows = items[items["stage"].str.startswith("tie:")].set_index("stage")
+    ties = pd.read_csv(out / "ties.csv")
+    assert sorted(tie_rows.index) == sorted(f"tie:{t}" for t in ties["tie"])
+    for t in ties.itertuples():
+        row = tie_rows.loc[f"tie:{t.tie}"]
+        # ties.csv holds top - runner-up of the validation's own ranking, as the table does
+        assert row["verdict"] == t.verdict and row["diff"] == pytest.approx(t.diff, abs=1e-6)
+        assert row["seed_lo"] == pytest.approx(t.diff_ci_low, abs=1e-6)
     assert (items["seed_call"] == (items["seed_lo"] > items["tie_margin"])).all()
     lo = np.minimum(items["both_lo"], items["seed_lo"])   # the wider interval: never calls what seeds alone would not
     assert (items["items_call"] == (lo > items["tie_margin"])).all() and not (items["items_call"] & ~items["seed_call"]).any()
