@@ -63,6 +63,9 @@ DIRECTIONS: dict[str, int] = {
 TRANSFER_METRIC_NAMES = ("task_accuracy", "task_logprob", "robust_recovery", "termination", "heldout_loss",
                          "sft_heldout_bpb", "task_shortcut_rate", "task_shortcut_margin")
 
+#: Transfer metrics whose run-level value is weighted (tokens or bytes), not an item mean.
+WEIGHTED_METRICS = ("heldout_loss", "sft_heldout_bpb", "heldout_bpb")
+
 #: Old metric names still read from earlier runs -> current name.
 RENAMED_METRICS: dict[str, str] = {"heldout_bpb": "sft_heldout_bpb"}
 

@@ -46,7 +46,7 @@ from ._io import atomic_write_json, sha256_bytes, sha256_file
 from ._yaml import load_yaml
 from .errors import ProbeselectError, ProbeSpecError, SelectionError, did_you_mean
 from .manifest import git_state
-from .metrics import DIRECTIONS, TRANSFER_METRIC_NAMES, direction_word
+from .metrics import DIRECTIONS, TRANSFER_METRIC_NAMES, WEIGHTED_METRICS, direction_word
 
 __all__ = ["TransferConstraint", "SelectionSpec", "SelectionPlan", "LockStatus", "load_selection_plan",
            "selection_spec_from_dict", "lock_plan", "read_lock", "check_lock", "LOCK_NAME", "TRANSFER_METRICS",
@@ -490,8 +490,6 @@ def selection_spec_from_dict(raw: Any, *, source: str = "<plan>") -> SelectionSp
         raise ProbeSpecError(f"{src}: selection.decision.interval must be one of {list(INTERVALS)} "
                              f"(got {interval!r}): 'seeds' generalises over SFT seeds on the piloted items, "
                              "'seeds+items' also over a new draw of transfer items.")
-    from .transfer import WEIGHTED_METRICS
-
     if interval == "seeds+items" and metric in WEIGHTED_METRICS:
         raise ProbeSpecError(f"{src}: selection.decision.interval 'seeds+items' needs a primary metric whose seed "
                              f"value is the item mean; {metric!r} is token/byte weighted. Use `interval: seeds` or "

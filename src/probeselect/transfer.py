@@ -90,7 +90,7 @@ import torch
 
 from ._io import reading
 from .errors import TransferError
-from .metrics import RENAMED_METRICS, TRANSFER_METRIC_NAMES, direction_word
+from .metrics import RENAMED_METRICS, TRANSFER_METRIC_NAMES, WEIGHTED_METRICS, direction_word
 from .generation import Generation, greedy_generations, normalize_answer
 from .spans import EncodedPair, encode_pair, score_pairs
 
@@ -116,8 +116,7 @@ __all__ = [
 
 #: Metric name -> better direction (from :mod:`probeselect.metrics`, the one place for directions).
 METRICS: dict[str, str] = {m: direction_word(m) for m in TRANSFER_METRIC_NAMES}
-#: Metrics whose run-level value is weighted (tokens or bytes), not an item mean.
-WEIGHTED_METRICS = ("heldout_loss", "sft_heldout_bpb", "heldout_bpb")
+#: Metrics whose run-level value is weighted (tokens or bytes), not an item mean (defined in probeselect.metrics).
 #: Every metric name evaluate_transfer writes (plans are validated against it at lock).
 METRIC_NAMES: tuple[str, ...] = tuple(TRANSFER_METRIC_NAMES)
 #: Which metrics each part of the suite produces.
