@@ -1,0 +1,63 @@
+"""bench/heldout_by_kind.py: the split of a toy ladder's held-out bpb by kind of line (issue 23 notes)."""
+import importlib.util
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def hbk():
+    spec = importlib.util.spec_from_file_location("heldout_by_kind", REPO / "bench" / "heldout_by_kind.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["heldout_by_kind"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_every_generator_of_the_heldout_text_gets_its_own_kind(hbk, seed):
+    from probeselect.toy.data import make_heldout_lines
+    from probeselect.toy.world import (ARITH_TEMPLATES, SEQUENCE_KINDS, ToyWorld, format_arith,
+                                       format_sequence, make_sequence)
+
+    world = ToyWorld.generate(seed)
+    rng = random.Random(seed)
+    for a, op, b in world.arith_train[:200]:
+        for fmt in ARITH_TEMPLATES:
+            assert hbk.line_kind(format_arith(a, op, b, fmt)) == "arith", (a, op, b, fmt)
+    for _ in range(300):
+        assert hbk.line_kind(world.sample_fact_line(rng)) == "person"
+        assert hbk.line_kind(world.sample_words_line(rng)) == "words"
+        block = world.sample_persona_block(rng.choice(world.persons), rng)
+        assert hbk.line_kind(block.split("\n")[0]) == "person", block
+        assert hbk.line_kind(format_sequence(make_sequence(rng.choice(SEQUENCE_KINDS), rng))) == "sequence"
+    # in the held-out text itself: exactly one arithmetic line per held-out triple
+    lines = make_heldout_lines(world, [])
+    kinds = [hbk.line_kind(ln) for ln in lines]
+    assert kinds.count("arith") == len(world.arith_heldout)
+    assert set(kinds) == set(hbk.KINDS)
+
+
+def test_the_contributions_add_up_to_the_whole_files_bpb(hbk, tiny_ladder, ladder_checkpoints):
+    """Every line counted once: the byte-weighted kinds give the file's bpb (as `probeselect score` reports it)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    ck = ladder_checkpoints[-1]
+    lines = hbk.read_lines(tiny_ladder)
+    t = hbk.by_kind(AutoModelForCausalLM.from_pretrained(ck).eval(), AutoTokenizer.from_pretrained(ck), lines)
+    parts, whole = t[t.kind != "all"], t[t.kind == "all"].iloc[0]
+    assert parts.lines.sum() == whole.lines == len(lines)
+    assert parts.byte_share.sum() == pytest.approx(1.0, abs=1e-12)
+    assert parts.contribution.sum() == pytest.approx(whole.bpb, rel=1e-9)
+    assert (parts.bpb > 0).all()
+
+
+def test_a_missing_ladder_or_checkpoint_is_named(hbk, tmp_path, tiny_ladder):
+    with pytest.raises(SystemExit, match="heldout.txt"):
+        hbk.main([str(tmp_path), "--checkpoints", "1"])
+    with pytest.raises(SystemExit, match="checkpoint-999999"):
+        hbk.main([str(tiny_ladder), "--checkpoints", "999999"])
