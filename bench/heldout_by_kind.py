@@ -13,6 +13,7 @@ to find which held-out lines a late harm makes worse.
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 from pathlib import Path
@@ -41,25 +42,29 @@ def read_lines(ladder: Path) -> list[str]:
     path = ladder / "data" / "heldout.txt"
     if not path.is_file():
         raise SystemExit(f"{path}: no held-out text; pass a toy ladder folder (python -m probeselect toy-ladder DIR)")
-    return [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    if not lines:
+        raise SystemExit(f"{path}: no non-empty line to score; rebuild the ladder (python -m probeselect toy-ladder DIR)")
+    return lines
 
 
 def by_kind(model, tokenizer, lines: list[str]) -> pd.DataFrame:
-    """One row per kind present: lines, bytes, byte share, bpb, contribution; and a row ``all``."""
+    """One row per kind present: lines, bytes, byte share, bpb, contribution; and a row ``all``
+    (from the kinds' summed NLL: every line is its own document, so the nats add up)."""
     from probeselect.capability import heldout_nll
 
     groups = {k: [ln for ln in lines if line_kind(ln) == k] for k in KINDS}
     total = sum(len(ln.encode("utf-8")) for ln in lines)
-    rows = []
+    rows, nats = [], 0.0
     for k, g in groups.items():
         if not g:
             continue
         r = heldout_nll(model, tokenizer, g)
+        nats += r.total_nats
         rows.append({"kind": k, "lines": len(g), "bytes": r.n_bytes, "byte_share": r.n_bytes / total,
                      "bpb": r.bits_per_byte, "contribution": r.n_bytes / total * r.bits_per_byte})
-    r = heldout_nll(model, tokenizer, lines)
-    rows.append({"kind": "all", "lines": len(lines), "bytes": r.n_bytes, "byte_share": 1.0,
-                 "bpb": r.bits_per_byte, "contribution": r.bits_per_byte})
+    bpb = nats / math.log(2) / total
+    rows.append({"kind": "all", "lines": len(lines), "bytes": total, "byte_share": 1.0, "bpb": bpb, "contribution": bpb})
     return pd.DataFrame(rows)
 
 
@@ -85,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
             parts.append(by_kind(model, tok, lines).assign(checkpoint=int(step)))
     table = pd.concat(parts, ignore_index=True)[["checkpoint", "kind", "lines", "bytes", "byte_share", "bpb", "contribution"]]
     if a.out:
-        table.to_csv(a.out, index=False, float_format="%.6f")
+        from probeselect._io import atomic_write_csv
+
+        atomic_write_csv(a.out, table, index=False, float_format="%.6f")
     print(table.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
     return 0
 

@@ -46,18 +46,27 @@ def test_the_contributions_add_up_to_the_whole_files_bpb(hbk, tiny_ladder, ladde
     """Every line counted once: the byte-weighted kinds give the file's bpb (as `probeselect score` reports it)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from probeselect.capability import heldout_nll
+
     ck = ladder_checkpoints[-1]
     lines = hbk.read_lines(tiny_ladder)
-    t = hbk.by_kind(AutoModelForCausalLM.from_pretrained(ck).eval(), AutoTokenizer.from_pretrained(ck), lines)
+    model, tok = AutoModelForCausalLM.from_pretrained(ck).eval(), AutoTokenizer.from_pretrained(ck)
+    t = hbk.by_kind(model, tok, lines)
     parts, whole = t[t.kind != "all"], t[t.kind == "all"].iloc[0]
+    file_bpb = heldout_nll(model, tok, lines).bits_per_byte          # the whole file scored at once
     assert parts.lines.sum() == whole.lines == len(lines)
     assert parts.byte_share.sum() == pytest.approx(1.0, abs=1e-12)
-    assert parts.contribution.sum() == pytest.approx(whole.bpb, rel=1e-9)
+    assert parts.contribution.sum() == pytest.approx(file_bpb, rel=1e-9)
+    assert whole.bpb == pytest.approx(file_bpb, rel=1e-9)
     assert (parts.bpb > 0).all()
 
 
 def test_a_missing_ladder_or_checkpoint_is_named(hbk, tmp_path, tiny_ladder):
     with pytest.raises(SystemExit, match="heldout.txt"):
+        hbk.main([str(tmp_path), "--checkpoints", "1"])
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "heldout.txt").write_text("\n  \n", encoding="utf-8")
+    with pytest.raises(SystemExit, match="heldout.txt: no non-empty line"):
         hbk.main([str(tmp_path), "--checkpoints", "1"])
     with pytest.raises(SystemExit, match="checkpoint-999999"):
         hbk.main([str(tiny_ladder), "--checkpoints", "999999"])
