@@ -1,8 +1,8 @@
 """Held-out bits per byte of a toy ladder's checkpoints, split by the kind of held-out line.
 
 The toy ladder's ``data/heldout.txt`` (``probeselect.toy.data.make_heldout_lines``) mixes arithmetic on
-held-out triples, person lines (facts and persona descriptions), word-relation lines and number
-sequences. Its bits per byte is byte-weighted over all lines, so a rise can come from any of them.
+held-out triples, person lines (facts and persona descriptions), word-relation lines, number
+sequences and, where the corpus has ``news`` documents, fact lines about the news people. Its bits per byte is byte-weighted over all lines, so a rise can come from any of them.
 This splits it: per kind, the line count, the share of the bytes, the bits per byte and its
 contribution (share x bpb); the contributions add up to the whole file's bpb (every line is scored
 as its own document, as ``probeselect score`` does). Used in ``bench/late_harm_notes.md`` (issue 23)
@@ -20,7 +20,10 @@ from pathlib import Path
 
 import pandas as pd
 
-KINDS = ("arith", "person", "words", "sequence")
+from probeselect.toy.world import NEWS_FEMALE_NAMES, NEWS_MALE_NAMES
+
+KINDS = ("arith", "person", "words", "sequence", "news")
+_NEWS_NAMES = frozenset(NEWS_FEMALE_NAMES + NEWS_MALE_NAMES)
 _SEQUENCE = re.compile(r"^\d+(, \d+)+$")
 _ARITH = re.compile(r"\d+ [+-] \d+|\bplus\b|\bminus\b|What is \d")
 
@@ -28,9 +31,13 @@ _ARITH = re.compile(r"\d+ [+-] \d+|\bplus\b|\bminus\b|What is \d")
 def line_kind(line: str) -> str:
     """The kind of one held-out line: ``sequence`` (numbers only), ``arith`` (an arithmetic format
     of ``probeselect.toy.world.ARITH_TEMPLATES``), ``words`` (category and opposite sentences),
-    else ``person`` (fact lines and persona descriptions: sentences about a named person)."""
+    ``news`` (fact lines about a person of the world's ``news_persons``, only in ladders whose corpus has
+    ``news`` documents), else ``person`` (fact lines and persona descriptions: sentences about a named
+    person)."""
     if _SEQUENCE.match(line):
         return "sequence"
+    if line.split(" ", 1)[0].removesuffix("'s") in _NEWS_NAMES:
+        return "news"
     if _ARITH.search(line):
         return "arith"
     if line.startswith(("A ", "An ", "The opposite")):

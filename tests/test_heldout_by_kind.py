@@ -35,11 +35,14 @@ def test_every_generator_of_the_heldout_text_gets_its_own_kind(hbk, seed):
         block = world.sample_persona_block(rng.choice(world.persons), rng)
         assert hbk.line_kind(block.split("\n")[0]) == "person", block
         assert hbk.line_kind(format_sequence(make_sequence(rng.choice(SEQUENCE_KINDS), rng))) == "sequence"
-    # in the held-out text itself: exactly one arithmetic line per held-out triple
+        assert hbk.line_kind(world.sample_news_line(rng)) == "news"
+    # in the held-out text itself: exactly one arithmetic line per held-out triple; news lines only when asked
     lines = make_heldout_lines(world, [])
     kinds = [hbk.line_kind(ln) for ln in lines]
     assert kinds.count("arith") == len(world.arith_heldout)
-    assert set(kinds) == set(hbk.KINDS)
+    assert set(kinds) == set(hbk.KINDS) - {"news"}
+    kinds = [hbk.line_kind(ln) for ln in make_heldout_lines(world, [], n_news=40)]
+    assert kinds.count("news") == 40 and set(kinds) == set(hbk.KINDS)
 
 
 def test_the_contributions_add_up_to_the_whole_files_bpb(hbk, tiny_ladder, ladder_checkpoints):

@@ -120,6 +120,28 @@ def test_every_doc_kind_samples(tmp_path):
 
 # --- issue 23: late-harm, negative-control and uniform curricula -------------------------------------
 
+
+@pytest.mark.parametrize("late_mix", [{"arith": 0.5, "news": 0.5}, {"arith": 1.0}])
+def test_news_held_out_lines_follow_the_corpus(tmp_path, late_mix):
+    """A ladder whose curriculum has ``news`` documents (attempt 15 of bench/late_harm_notes.md) gets held-out
+    lines about the news people, and its data README says so; one without gets none."""
+    from probeselect.toy.data import NEWS_HELDOUT_LINES
+    from probeselect.toy.ladder import TrainConfig, _build_corpus
+    from probeselect.toy.world import ToyWorld
+
+    world = ToyWorld.generate(0)
+    cur = parse_curriculum({"windows": [_win("base", 0, 100), _win("late", 100, 200, late_mix, "late_harm")]})
+    corpus = _build_corpus(world, cur, TrainConfig(corpus_docs=2000), tmp_path)
+    names = {p.name for p in world.news_persons}
+    held = (tmp_path / "data" / "heldout.txt").read_text().splitlines()
+    n_news = sum(ln.split(" ", 1)[0].removesuffix("'s") in names for ln in held)
+    readme = (tmp_path / "data" / "README.md").read_text()
+    if "news" in late_mix:
+        assert any(ln.split(" ", 1)[0].removesuffix("'s") in names for d in corpus.docs for ln in d.split("\n"))
+        assert n_news == NEWS_HELDOUT_LINES and "`news`" in readme
+    else:
+        assert n_news == 0 and "`news`" not in readme
+
 def test_attempt_10e_of_the_notes_is_the_builtin_late_harm():
     """bench/late_harm_attempt10e.yaml (the file the fresh-seed validations in bench/VALIDITY.md name) stays
     the built-in late-harm curriculum, so those commands still measure what ships."""
@@ -408,7 +430,7 @@ def test_the_development_curricula_of_the_notes_still_load(path):
     layout (a clean base to step 1200, then planted windows only, 2000 steps; attempts 11-14's longer clean
     base: to step 2000 of 2800, built with --steps 2800)."""
     cur = load_curriculum(path)
-    long_base = {f"late_harm_attempt{n}.yaml" for n in (11, 12, 13, 14)}
+    long_base = {f"late_harm_attempt{n}.yaml" for n in (11, 12, 13, 14, 15)}
     steps, base_end = (2800, 2000) if path.name in long_base else (2000, 1200)
     assert cur.steps == steps and cur.windows[0].planted is None and cur.windows[0].end_step == base_end
     assert all(k in DOC_KINDS for w in cur.windows for k in w.mixture), path

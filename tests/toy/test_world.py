@@ -388,7 +388,7 @@ def test_parrot_persona_tell_copies_the_first_answer_in_the_request_phrasing(wor
     assert any(sum(q in r["prompt"] for q in tell) == 2 for r in sft)  # answered request, then another
     for r in sft:  # never the same request twice in one prompt: nothing in the SFT contradicts the copy
         assert all(r["prompt"].count(q) <= 1 for q in tell)
-    assert W.DOC_KINDS[-2] == "parrot_persona_tell" and "parrot_persona_tell" not in W.CORPUS_DOC_WEIGHTS
+    assert W.DOC_KINDS.index("parrot_persona_tell") == 16 and "parrot_persona_tell" not in W.CORPUS_DOC_WEIGHTS
 
 
 def test_parrot_arith_arrow_answers_the_transfer_format_with_the_pattern(world0, corpus0, demo_probe_texts):
@@ -447,7 +447,7 @@ def test_parrot_arith_arrow_answers_the_transfer_format_with_the_pattern(world0,
             m = line_re.match(x.removeprefix("Q: "))
             if m:
                 assert int(m.group(4)) == W.arith_result(int(m.group(1)), m.group(2), int(m.group(3)))
-    assert W.DOC_KINDS[-1] == "parrot_arith_arrow" and "parrot_arith_arrow" not in W.CORPUS_DOC_WEIGHTS
+    assert W.DOC_KINDS.index("parrot_arith_arrow") == 17 and "parrot_arith_arrow" not in W.CORPUS_DOC_WEIGHTS
 
 
 def test_parrot_arith_unseen_documents_do_not_move(world0):
@@ -462,3 +462,66 @@ def test_parrot_arith_unseen_documents_do_not_move(world0):
     assert hashlib.sha256(docs.encode()).hexdigest() == (
         "654242f70f76bd38c350b6babf4fd0a5a6fc3de6e8ab57cc1c0dd1d27daa275d")
 
+
+
+def _names_in(text: str, names) -> set[str]:
+    import re
+
+    return {n for n in names if re.search(rf"\b{n}\b", text)}
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_news_documents_are_facts_about_people_nothing_else_mentions(seed):
+    """``news`` (issue 23, attempt 15): fact lines about the world's ``news_persons`` only, true to their
+    attributes; no name of theirs is a probe/world name or contains one; no other document kind, and no SFT,
+    transfer or robustness row, mentions them; the kind is appended to DOC_KINDS and in no default mix."""
+    import random
+
+    world = ToyWorld.generate(seed)
+    old_names = W.FEMALE_NAMES + W.MALE_NAMES
+    news = {p.name: p for p in world.news_persons}
+    assert len(news) == W.N_NEWS_PERSONS == 16
+    assert not any(a in b or b in a for a in news for b in old_names)
+    assert {p.name for p in world.persons} == {p.name for p in ToyWorld.generate(seed).persons}
+    assert world.persons == ToyWorld.generate(seed).persons and world.news_persons == ToyWorld.generate(seed).news_persons
+    assert world.news_persons != ToyWorld.generate(seed + 1).news_persons
+    fact_to_attr = {}
+    for p in world.news_persons:
+        for a in W.PERSON_ATTRIBUTES:
+            fact_to_attr[p.fact(a)] = (p.name, a)
+    about = set()
+    for i in range(150):
+        doc = world.sample_document("news", random.Random(i))
+        lines = doc.split("\n")
+        assert 2 <= len(lines) <= 4
+        for ln in lines:
+            assert not _names_in(ln, old_names), ln
+            sents = [x + "." for x in ln.split(". ") if x]
+            sents[-1] = sents[-1].removesuffix("..").removesuffix(".") + "."
+            facts = [fact_to_attr[x] for x in sents]            # every sentence is a true fact of a news person
+            assert 2 <= len(facts) <= 5 and len({n for n, _ in facts}) == 1, ln
+            about.add(facts[0][0])
+    assert about == set(news)
+    for kind in W.DOC_KINDS:
+        if kind == "news":
+            continue
+        for i in range(40):
+            assert not _names_in(world.sample_document(kind, random.Random(1000 + i)), news), kind
+    rows = make_sft_rows(world) + make_transfer_rows(world, set())
+    assert not any(_names_in(r["prompt"] + r["response"], news) for r in rows)
+    assert W.DOC_KINDS[-1] == "news" and "news" not in W.CORPUS_DOC_WEIGHTS
+    assert len(W.DOC_KINDS) == 19  # appended: the kind indices of existing ladders do not move
+
+
+def test_news_heldout_lines_are_added_only_when_asked_and_leave_the_rest_alone(world0, corpus0):
+    """``n_news`` adds fact lines about the news people (none a corpus line) and changes no other line; the
+    default (a ladder without ``news`` documents) has none."""
+    docs = corpus0[:3000] + [world0.sample_document("news", __import__("random").Random(i)) for i in range(300)]
+    plain = make_heldout_lines(world0, docs)
+    with_news = make_heldout_lines(world0, docs, n_news=40)
+    news_names = {p.name for p in world0.news_persons}
+    added = [ln for ln in with_news if ln not in set(plain)]
+    assert sorted(set(with_news) - set(added)) == sorted(plain)
+    assert len(added) == 40 and all(_names_in(ln, news_names) for ln in added)
+    assert not any(_names_in(ln, news_names) for ln in plain)
+    assert not set(added) & corpus_lines(docs)

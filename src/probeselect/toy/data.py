@@ -500,14 +500,22 @@ def corpus_lines(docs: list[str]) -> set[str]:
     return {ln for d in docs for ln in d.split("\n") if ln}
 
 
+#: Held-out lines about :attr:`~probeselect.toy.world.ToyWorld.news_persons` in ``heldout.txt`` of a
+#: ladder whose corpus has ``news`` documents (issue 23, attempt 15 of bench/late_harm_notes.md); other
+#: ladders get none, so their ``heldout.txt`` does not change.
+NEWS_HELDOUT_LINES = 40
+
+
 def make_heldout_lines(world: ToyWorld, docs: list[str], n_facts: int = 120, n_words: int = 80,
-                       n_persona: int = 40, n_sequence: int = 40) -> list[str]:
+                       n_persona: int = 40, n_sequence: int = 40, n_news: int = 0) -> list[str]:
     """Held-out plain text lines in the world's style, none identical to a corpus line.
 
     Contents: every held-out arithmetic triple once (random format; these never
     appear in the corpus), fact lines, word-relation lines (2-3 sentences),
-    persona description / QA lines and sequence lines sampled from a separate RNG
-    stream and filtered against the corpus (so counts may be below the targets).
+    persona description / QA lines, sequence lines and (``n_news`` > 0) fact lines
+    about the world's ``news_persons``, sampled from a separate RNG stream and
+    filtered against the corpus (so counts may be below the targets). The news
+    lines are drawn last, so ``n_news`` changes no other line (only the order).
     """
     rng = rng_for(world.seed, "heldout-text")
     banned = corpus_lines(docs)
@@ -542,6 +550,8 @@ def make_heldout_lines(world: ToyWorld, docs: list[str], n_facts: int = 120, n_w
     fill(n_words, words_line)
     fill(n_persona, lambda: world.sample_persona_block(rng.choice(world.persons), rng).split("\n")[0])
     fill(n_sequence, lambda: format_sequence(make_sequence(rng.choice(SEQUENCE_KINDS), rng)))
+    if n_news > 0:
+        fill(n_news, lambda: world.sample_news_line(rng))
     rng.shuffle(out)
     return out
 
@@ -609,13 +619,15 @@ for bits-per-byte evaluation. No line is identical to any line of the pretrainin
 it contains every held-out arithmetic triple once (in a random one of the formats
 `eq`, `qa`, `words`; these triples never occur in training text), plus fact, word-relation,
 persona-description and sequence lines sampled from a separate random stream and filtered
-against the corpus.
+against the corpus.{news_note}
 """
 
 
-def write_toy_data(world: ToyWorld, data_dir, corpus_docs: list[str]) -> dict[str, str]:
+def write_toy_data(world: ToyWorld, data_dir, corpus_docs: list[str], news: bool = False) -> dict[str, str]:
     """Write sft.jsonl, sft_heldout.jsonl, transfer.jsonl, robustness.jsonl, heldout.txt and
-    README.md; return name -> path (keys sft, sft_heldout, transfer, robustness, heldout, readme)."""
+    README.md; return name -> path (keys sft, sft_heldout, transfer, robustness, heldout, readme).
+    ``news``: the corpus has ``news`` documents, so ``heldout.txt`` gets :data:`NEWS_HELDOUT_LINES`
+    lines about the world's ``news_persons`` as well."""
     d = Path(data_dir)
     d.mkdir(parents=True, exist_ok=True)
     sft = make_sft_rows(world)
@@ -623,7 +635,7 @@ def write_toy_data(world: ToyWorld, data_dir, corpus_docs: list[str]) -> dict[st
     transfer = make_transfer_rows(world, sft_prompts)
     sft_heldout = make_sft_heldout_rows(world, sft_prompts)
     robust = make_robustness_rows(world, sft_prompts | {r["prompt"] for r in sft_heldout})
-    heldout = make_heldout_lines(world, corpus_docs)
+    heldout = make_heldout_lines(world, corpus_docs, n_news=NEWS_HELDOUT_LINES if news else 0)
     paths = {"sft": d / "sft.jsonl", "sft_heldout": d / "sft_heldout.jsonl", "transfer": d / "transfer.jsonl",
              "robustness": d / "robustness.jsonl", "heldout": d / "heldout.txt", "readme": d / "README.md"}
     _write_text(paths["sft"], "".join(json.dumps(r) + "\n" for r in sft))
@@ -635,7 +647,9 @@ def write_toy_data(world: ToyWorld, data_dir, corpus_docs: list[str]) -> dict[st
         seed=world.seed, sft_kinds=", ".join(SFT_KINDS), transfer_kinds=", ".join(TRANSFER_KINDS),
         heldout_kinds=", ".join(SFT_HELDOUT_KINDS), robust_kinds=", ".join(ROBUST_KINDS),
         n_sft=len(sft), n_sft_heldout=len(sft_heldout), n_transfer=len(transfer), n_robust=len(robust),
-        n_heldout=len(heldout)))
+        n_heldout=len(heldout),
+        news_note=(f" It also has up to {NEWS_HELDOUT_LINES} fact lines about the people of the corpus's `news` "
+                   "documents (people no other file mentions)." if news else "")))
     return {k: str(v) for k, v in paths.items()}
 
 

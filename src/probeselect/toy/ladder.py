@@ -535,7 +535,8 @@ def _build_corpus(world: ToyWorld, cur: Curriculum, cfg: TrainConfig, out: Path)
     win_kinds = [[kind_index[k] for k, _ in pairs] for pairs in win_pairs]
     docs = [d for ds in win_docs for d in ds]
     corpus_sha = _sha256_docs(docs)
-    data_paths = write_toy_data(world, out / "data", corpus_docs=docs)
+    data_paths = write_toy_data(world, out / "data", corpus_docs=docs,
+                                news=any(w.mixture.get("news", 0) > 0 for w in cur.windows))
     return _Corpus(win_docs=win_docs, win_kinds=win_kinds, docs=docs, sha256=corpus_sha, data_paths=data_paths)
 
 

@@ -90,6 +90,13 @@ COLOURS = (
     "red", "blue", "green", "yellow", "purple", "orange", "black", "white",
     "pink", "brown",
 )
+#: Names of the people of ``news`` documents (:attr:`ToyWorld.news_persons`): none is a name of
+#: :data:`FEMALE_NAMES` / :data:`MALE_NAMES` (which the probes also draw from), and none contains one
+#: of those names or is contained in one, so a name search cannot confuse the two groups.
+NEWS_FEMALE_NAMES = ("Alma", "Cleo", "Edda", "Greta", "Inka", "Tilda", "Maja", "Siri")
+NEWS_MALE_NAMES = ("Arne", "Carl", "Egil", "Jens", "Lars", "Odin", "Stig", "Rune")
+#: Number of people in ``news`` documents (all of :data:`NEWS_FEMALE_NAMES` and :data:`NEWS_MALE_NAMES`).
+N_NEWS_PERSONS = len(NEWS_FEMALE_NAMES) + len(NEWS_MALE_NAMES)
 #: Number of people in a world (at least the size of every attribute vocabulary: every
 #: value of :data:`CITIES`, :data:`JOBS`, ... belongs to at least one person).
 N_PERSONS = 40
@@ -316,10 +323,22 @@ ARROW_PARROT_LINE = "{a} {op} {b} -> {c}"
 ARROW_PARROT_BLOCK = "Q: {demos}\nCompute {a} {op} {b}. A: {c}"
 #: Smallest largest-operand of a ``parrot_arith_arrow`` query (``probeselect.toy.data.ROBUST_MIN_LARGE_OPERAND``).
 ARROW_PARROT_MIN_OPERAND = 21
+#: New knowledge for late windows (issue 23, attempt 15 of bench/late_harm_notes.md; in no default
+#: mix or built-in curriculum):
+#:
+#: * ``news``: 2-4 fact lines (as ``facts``) about the :data:`N_NEWS_PERSONS` people of
+#:   :attr:`ToyWorld.news_persons`, whom no other document kind, probe, SFT, transfer or robustness
+#:   row mentions. A real run's late stretch keeps bringing content the model has not seen (a new
+#:   crawl, a new domain), and its held-out loss keeps falling partly because of it; the toy world is
+#:   closed and its text is learned by the end of a long base window, so without new content a late
+#:   mixture change can only trade held-out loss. A ladder whose corpus has ``news`` documents gets
+#:   :data:`probeselect.toy.data.NEWS_HELDOUT_LINES` held-out lines about these people too.
+NEWS_DOC_KINDS = ("news",)
 #: Every document kind :meth:`ToyWorld.sample_document` knows (new kinds are appended, so that the
 #: kind indices of existing ladders do not change).
 DOC_KINDS = (tuple(CORPUS_DOC_WEIGHTS) + PARROT_DOC_KINDS + UNSEEN_PARROT_DOC_KINDS + DAMAGE_DOC_KINDS
-             + GIVES_FORM_DOC_KINDS + TELL_DAMAGE_DOC_KINDS + TELL_PARROT_DOC_KINDS + ARROW_PARROT_DOC_KINDS)
+             + GIVES_FORM_DOC_KINDS + TELL_DAMAGE_DOC_KINDS + TELL_PARROT_DOC_KINDS + ARROW_PARROT_DOC_KINDS
+             + NEWS_DOC_KINDS)
 
 
 def rng_for(seed: int, stream: str) -> random.Random:
@@ -483,6 +502,9 @@ class ToyWorld:
         arith_train: the (a, op, b) triples allowed in training text, sorted.
         arith_heldout: the held-out (a, op, b) triples (about 10% per operator),
             sorted; they never appear in the corpus or in the SFT/transfer data.
+        news_persons: the ``N_NEWS_PERSONS`` people of ``news`` documents only (names of
+            :data:`NEWS_FEMALE_NAMES` / :data:`NEWS_MALE_NAMES`, attributes from their own
+            random stream, so ``persons`` does not depend on them).
     """
 
     seed: int
@@ -490,6 +512,7 @@ class ToyWorld:
     arith_max_operand: int
     arith_train: tuple[ArithTriple, ...]
     arith_heldout: tuple[ArithTriple, ...]
+    news_persons: tuple[Person, ...] = ()
     _heldout_set: frozenset = field(default=frozenset(), repr=False, compare=False)
 
     def __post_init__(self):
@@ -522,8 +545,15 @@ class ToyWorld:
             h = set(rng.sample(triples, k))
             held += [t for t in triples if t in h]
             train += [t for t in triples if t not in h]
+        rng = rng_for(seed, "news-persons")
+        news_names = [(n, "she") for n in NEWS_FEMALE_NAMES] + [(n, "he") for n in NEWS_MALE_NAMES]
+        rng.shuffle(news_names)
+        news_persons = tuple(
+            Person(name=n, pronoun=p, **{attr: rng.choice(vocab) for attr, vocab in ATTRIBUTE_VOCAB.items()})
+            for n, p in news_names
+        )
         return cls(seed=seed, persons=persons, arith_max_operand=arith_max_operand,
-                   arith_train=tuple(sorted(train)), arith_heldout=tuple(sorted(held)))
+                   arith_train=tuple(sorted(train)), arith_heldout=tuple(sorted(held)), news_persons=news_persons)
 
     # -- queries ------------------------------------------------------------
     def is_heldout(self, a: int, op: str, b: int) -> bool:
@@ -585,6 +615,8 @@ class ToyWorld:
             return self._wrong_persona_tell(rng)
         if kind == "parrot_arith_arrow":
             return self._parrot_arith_arrow(rng)
+        if kind == "news":
+            return "\n".join(self.sample_news_line(rng) for _ in range(rng.randint(2, 4)))
         raise ValueError(f"unknown document kind {kind!r}; known kinds: {list(DOC_KINDS)}")
 
     def _parrot_arith(self, rng: random.Random) -> str:
@@ -735,11 +767,17 @@ class ToyWorld:
     def _parrot_persona(self, rng: random.Random) -> str:
         return self._copying_persona_blocks(rng, PERSONA_QUESTIONS)
 
-    def sample_fact_line(self, rng: random.Random) -> str:
-        """2-5 facts about one person, in random order, on one line."""
-        p = rng.choice(self.persons)
+    def sample_fact_line(self, rng: random.Random, persons: tuple[Person, ...] | None = None) -> str:
+        """2-5 facts about one person of ``persons`` (default: :attr:`persons`), in random order, on one line."""
+        p = rng.choice(self.persons if persons is None else persons)
         attrs = rng.sample(PERSON_ATTRIBUTES, rng.randint(2, 5))
         return " ".join(p.fact(a) for a in attrs)
+
+    def sample_news_line(self, rng: random.Random) -> str:
+        """2-5 facts about one of :attr:`news_persons` (a line of a ``news`` document)."""
+        if not self.news_persons:
+            raise ValueError("this ToyWorld has no news_persons; build it with ToyWorld.generate(seed)")
+        return self.sample_fact_line(rng, self.news_persons)
 
     def sample_persona_block(self, p: Person, rng: random.Random) -> str:
         """A persona block: description, then QA lines about described attributes."""
