@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.out:
         from probeselect._io import atomic_write_csv
 
-        atomic_write_csv(a.out, table, index=False, float_format="%.6f")
+        atomic_write_csv(a.out, table, float_format="%.6f")
     print(table.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
     return 0
 
