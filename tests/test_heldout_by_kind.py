@@ -73,3 +73,20 @@ def test_a_missing_ladder_or_checkpoint_is_named(hbk, tmp_path, tiny_ladder):
         hbk.main([str(tmp_path), "--checkpoints", "1"])
     with pytest.raises(SystemExit, match="checkpoint-999999"):
         hbk.main([str(tiny_ladder), "--checkpoints", "999999"])
+
+
+def test_the_command_writes_its_table_as_csv(hbk, tmp_path, tiny_ladder, ladder_checkpoints, capsys):
+    """`--out` writes the printed table (it raised a TypeError once: a regression test of the command itself)."""
+    import pandas as pd
+
+    step = int(ladder_checkpoints[-1].name.split("-")[-1])
+    out = tmp_path / "sub" / "by_kind.csv"
+    out.parent.mkdir()
+    assert hbk.main([str(tiny_ladder), "--checkpoints", str(step), "--out", str(out)]) == 0
+    t = pd.read_csv(out)
+    assert list(t.columns) == ["checkpoint", "kind", "lines", "bytes", "byte_share", "bpb", "contribution"]
+    assert set(t.checkpoint) == {step} and t.kind.iloc[-1] == "all"
+    parts = t[t.kind != "all"]
+    assert parts.contribution.sum() == pytest.approx(t.bpb.iloc[-1], abs=1e-5)  # 6 decimals in the CSV
+    assert "all" in capsys.readouterr().out
+    assert not list(out.parent.glob("*.tmp*"))
