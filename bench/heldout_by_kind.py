@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from probeselect.toy.world import NEWS_FEMALE_NAMES, NEWS_MALE_NAMES
+from probeselect.toy.world import NEWS_NAMES
 
 KINDS = ("arith", "person", "words", "sequence", "news")
-_NEWS_NAMES = frozenset(NEWS_FEMALE_NAMES + NEWS_MALE_NAMES)
+_NEWS_NAMES = frozenset(NEWS_NAMES)
 _SEQUENCE = re.compile(r"^\d+(, \d+)+$")
 _ARITH = re.compile(r"\d+ [+-] \d+|\bplus\b|\bminus\b|What is \d")
 

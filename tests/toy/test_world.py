@@ -480,7 +480,7 @@ def test_news_documents_are_facts_about_people_nothing_else_mentions(seed):
     world = ToyWorld.generate(seed)
     old_names = W.FEMALE_NAMES + W.MALE_NAMES
     news = {p.name: p for p in world.news_persons}
-    assert len(news) == W.N_NEWS_PERSONS == 16
+    assert len(news) == W.N_NEWS_PERSONS == 160 and set(news) == set(W.NEWS_NAMES)
     assert not any(a in b or b in a for a in news for b in old_names)
     assert {p.name for p in world.persons} == {p.name for p in ToyWorld.generate(seed).persons}
     assert world.persons == ToyWorld.generate(seed).persons and world.news_persons == ToyWorld.generate(seed).news_persons
@@ -490,7 +490,7 @@ def test_news_documents_are_facts_about_people_nothing_else_mentions(seed):
         for a in W.PERSON_ATTRIBUTES:
             fact_to_attr[p.fact(a)] = (p.name, a)
     about = set()
-    for i in range(150):
+    for i in range(600):
         doc = world.sample_document("news", random.Random(i))
         lines = doc.split("\n")
         assert 2 <= len(lines) <= 4

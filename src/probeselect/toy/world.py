@@ -90,13 +90,19 @@ COLOURS = (
     "red", "blue", "green", "yellow", "purple", "orange", "black", "white",
     "pink", "brown",
 )
-#: Names of the people of ``news`` documents (:attr:`ToyWorld.news_persons`): none is a name of
-#: :data:`FEMALE_NAMES` / :data:`MALE_NAMES` (which the probes also draw from), and none contains one
-#: of those names or is contained in one, so a name search cannot confuse the two groups.
-NEWS_FEMALE_NAMES = ("Alma", "Cleo", "Edda", "Greta", "Inka", "Tilda", "Maja", "Siri")
-NEWS_MALE_NAMES = ("Arne", "Carl", "Egil", "Jens", "Lars", "Odin", "Stig", "Rune")
-#: Number of people in ``news`` documents (all of :data:`NEWS_FEMALE_NAMES` and :data:`NEWS_MALE_NAMES`).
-N_NEWS_PERSONS = len(NEWS_FEMALE_NAMES) + len(NEWS_MALE_NAMES)
+#: Names of the people of ``news`` documents (:attr:`ToyWorld.news_persons`): syllable pairs
+#: (:data:`NEWS_NAME_HEADS` x :data:`NEWS_NAME_TAILS`), dropping any that is a name of
+#: :data:`FEMALE_NAMES` / :data:`MALE_NAMES` (which the probes also draw from), contains one or is
+#: contained in one (so a name search cannot confuse the two groups), and ``Sarin``; the first
+#: :data:`N_NEWS_PERSONS`. A long tail: each is seen rarely, so a ladder keeps learning them.
+NEWS_NAME_HEADS = ("Ba", "Da", "Fe", "Go", "Ha", "Ju", "Ke", "Lo", "Ma", "Ne", "Po", "Ri", "Sa", "Te", "Vo", "Zi")
+NEWS_NAME_TAILS = ("rin", "dex", "lum", "vor", "sel", "tam", "bik", "nor", "wen", "gar", "dil", "mos")
+#: Number of people in ``news`` documents.
+N_NEWS_PERSONS = 160
+NEWS_NAMES: tuple[str, ...] = tuple(
+    n for n in (h + t for h in NEWS_NAME_HEADS for t in NEWS_NAME_TAILS)
+    if n != "Sarin" and not any(o in n or n in o for o in FEMALE_NAMES + MALE_NAMES)
+)[:N_NEWS_PERSONS]
 #: Number of people in a world (at least the size of every attribute vocabulary: every
 #: value of :data:`CITIES`, :data:`JOBS`, ... belongs to at least one person).
 N_PERSONS = 40
@@ -502,8 +508,8 @@ class ToyWorld:
         arith_train: the (a, op, b) triples allowed in training text, sorted.
         arith_heldout: the held-out (a, op, b) triples (about 10% per operator),
             sorted; they never appear in the corpus or in the SFT/transfer data.
-        news_persons: the ``N_NEWS_PERSONS`` people of ``news`` documents only (names of
-            :data:`NEWS_FEMALE_NAMES` / :data:`NEWS_MALE_NAMES`, attributes from their own
+        news_persons: the ``N_NEWS_PERSONS`` people of ``news`` documents only (the names of
+            :data:`NEWS_NAMES` in a seeded order, pronouns alternating, attributes from their own
             random stream, so ``persons`` does not depend on them).
     """
 
@@ -546,11 +552,12 @@ class ToyWorld:
             held += [t for t in triples if t in h]
             train += [t for t in triples if t not in h]
         rng = rng_for(seed, "news-persons")
-        news_names = [(n, "she") for n in NEWS_FEMALE_NAMES] + [(n, "he") for n in NEWS_MALE_NAMES]
+        news_names = list(NEWS_NAMES)
         rng.shuffle(news_names)
         news_persons = tuple(
-            Person(name=n, pronoun=p, **{attr: rng.choice(vocab) for attr, vocab in ATTRIBUTE_VOCAB.items()})
-            for n, p in news_names
+            Person(name=n, pronoun=("she", "he")[i % 2],
+                   **{attr: rng.choice(vocab) for attr, vocab in ATTRIBUTE_VOCAB.items()})
+            for i, n in enumerate(news_names)
         )
         return cls(seed=seed, persons=persons, arith_max_operand=arith_max_operand,
                    arith_train=tuple(sorted(train)), arith_heldout=tuple(sorted(held)), news_persons=news_persons)
