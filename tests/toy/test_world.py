@@ -480,7 +480,7 @@ def test_news_documents_are_facts_about_people_nothing_else_mentions(seed):
     world = ToyWorld.generate(seed)
     old_names = W.FEMALE_NAMES + W.MALE_NAMES
     news = {p.name: p for p in world.news_persons}
-    assert len(news) == W.N_NEWS_PERSONS == 160 and set(news) == set(W.NEWS_NAMES)
+    assert len(news) == W.N_NEWS_PERSONS == 24 and set(news) == set(W.NEWS_NAMES)
     assert not any(a in b or b in a for a in news for b in old_names)
     assert {p.name for p in world.persons} == {p.name for p in ToyWorld.generate(seed).persons}
     assert world.persons == ToyWorld.generate(seed).persons and world.news_persons == ToyWorld.generate(seed).news_persons
@@ -502,15 +502,25 @@ def test_news_documents_are_facts_about_people_nothing_else_mentions(seed):
             assert 2 <= len(facts) <= 5 and len({n for n, _ in facts}) == 1, ln
             about.add(facts[0][0])
     assert about == set(news)
+    roster_names = set()
+    for i in range(200):
+        for ln in world.sample_document("news_roster", random.Random(i)).split("\n"):
+            name = next(n for n in news if _names_in(ln, [n]))
+            assert ln in {t.format(name=name) for t in W.NEWS_ROSTER_TEMPLATES}, ln   # a name, no attribute
+            roster_names.add(name)
+    assert roster_names == set(news)
+    vocab = [v for vs in W.ATTRIBUTE_VOCAB.values() for v in vs]
+    assert not any(_names_in(t, vocab) for t in W.NEWS_ROSTER_TEMPLATES)
+    assert not any(w in t.split() for t in W.NEWS_ROSTER_TEMPLATES for w in ("lives", "likes", "has", "is", "favourite"))
     for kind in W.DOC_KINDS:
-        if kind == "news":
+        if kind in W.NEWS_DOC_KINDS:
             continue
         for i in range(40):
             assert not _names_in(world.sample_document(kind, random.Random(1000 + i)), news), kind
     rows = make_sft_rows(world) + make_transfer_rows(world, set())
     assert not any(_names_in(r["prompt"] + r["response"], news) for r in rows)
-    assert W.DOC_KINDS[-1] == "news" and "news" not in W.CORPUS_DOC_WEIGHTS
-    assert len(W.DOC_KINDS) == 19  # appended: the kind indices of existing ladders do not move
+    assert W.DOC_KINDS[-2:] == ("news", "news_roster") and not set(W.NEWS_DOC_KINDS) & set(W.CORPUS_DOC_WEIGHTS)
+    assert len(W.DOC_KINDS) == 20  # appended: the kind indices of existing ladders do not move
 
 
 def test_news_heldout_lines_are_added_only_when_asked_and_leave_the_rest_alone(world0, corpus0):

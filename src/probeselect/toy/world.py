@@ -94,11 +94,12 @@ COLOURS = (
 #: (:data:`NEWS_NAME_HEADS` x :data:`NEWS_NAME_TAILS`), dropping any that is a name of
 #: :data:`FEMALE_NAMES` / :data:`MALE_NAMES` (which the probes also draw from), contains one or is
 #: contained in one (so a name search cannot confuse the two groups), and ``Sarin``; the first
-#: :data:`N_NEWS_PERSONS`. A long tail: each is seen rarely, so a ladder keeps learning them.
+#: :data:`N_NEWS_PERSONS`. (Attempt 15c of bench/late_harm_notes.md had 160 of them, attempts 15
+#: and 15b 16 others; 24 since attempt 16.)
 NEWS_NAME_HEADS = ("Ba", "Da", "Fe", "Go", "Ha", "Ju", "Ke", "Lo", "Ma", "Ne", "Po", "Ri", "Sa", "Te", "Vo", "Zi")
 NEWS_NAME_TAILS = ("rin", "dex", "lum", "vor", "sel", "tam", "bik", "nor", "wen", "gar", "dil", "mos")
 #: Number of people in ``news`` documents.
-N_NEWS_PERSONS = 160
+N_NEWS_PERSONS = 24
 NEWS_NAMES: tuple[str, ...] = tuple(
     n for n in (h + t for h in NEWS_NAME_HEADS for t in NEWS_NAME_TAILS)
     if n != "Sarin" and not any(o in n or n in o for o in FEMALE_NAMES + MALE_NAMES)
@@ -339,7 +340,12 @@ ARROW_PARROT_MIN_OPERAND = 21
 #:   closed and its text is learned by the end of a long base window, so without new content a late
 #:   mixture change can only trade held-out loss. A ladder whose corpus has ``news`` documents gets
 #:   :data:`probeselect.toy.data.NEWS_HELDOUT_LINES` held-out lines about these people too.
-NEWS_DOC_KINDS = ("news",)
+#: * ``news_roster``: 3-6 lines that name people of :attr:`ToyWorld.news_persons` and say nothing
+#:   about their attributes (:data:`NEWS_ROSTER_TEMPLATES`), so that a base can know the names before
+#:   ``news`` documents teach their facts (attempt 16).
+NEWS_DOC_KINDS = ("news", "news_roster")
+#: Sentences of ``news_roster`` documents: no attribute, and no word of a fact template.
+NEWS_ROSTER_TEMPLATES = ("We met {name}.", "{name} said hello.", "{name} came by today.")
 #: Every document kind :meth:`ToyWorld.sample_document` knows (new kinds are appended, so that the
 #: kind indices of existing ladders do not change).
 DOC_KINDS = (tuple(CORPUS_DOC_WEIGHTS) + PARROT_DOC_KINDS + UNSEEN_PARROT_DOC_KINDS + DAMAGE_DOC_KINDS
@@ -624,6 +630,11 @@ class ToyWorld:
             return self._parrot_arith_arrow(rng)
         if kind == "news":
             return "\n".join(self.sample_news_line(rng) for _ in range(rng.randint(2, 4)))
+        if kind == "news_roster":
+            if not self.news_persons:
+                raise ValueError("this ToyWorld has no news_persons; build it with ToyWorld.generate(seed)")
+            return "\n".join(rng.choice(NEWS_ROSTER_TEMPLATES).format(name=rng.choice(self.news_persons).name)
+                             for _ in range(rng.randint(3, 6)))
         raise ValueError(f"unknown document kind {kind!r}; known kinds: {list(DOC_KINDS)}")
 
     def _parrot_arith(self, rng: random.Random) -> str:
