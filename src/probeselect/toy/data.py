@@ -501,8 +501,8 @@ def corpus_lines(docs: list[str]) -> set[str]:
 
 
 #: Held-out lines about :attr:`~probeselect.toy.world.ToyWorld.news_persons` in ``heldout.txt`` of a
-#: ladder whose corpus has ``news`` documents (issue 23, attempt 15 of bench/late_harm_notes.md); other
-#: ladders get none, so their ``heldout.txt`` does not change.
+#: ladder whose corpus has ``news`` documents (issue 23, attempts 15-16b of bench/late_harm_notes.md: 40 in
+#: attempt 15, 24 in 15b-16, 12 since 16b); other ladders get none, so their ``heldout.txt`` does not change.
 NEWS_HELDOUT_LINES = 12
 
 
