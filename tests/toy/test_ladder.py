@@ -333,3 +333,87 @@ def test_toy_ladder_cli_passes_the_tokenizer_corpus(tmp_path, monkeypatch):
     assert main(["toy-ladder", str(tmp_path), "--tokenizer-corpus", "reference", "--no-progress"]) == 0
     assert main(["toy-ladder", str(tmp_path), "--no-progress"]) == 0
     assert seen == ["reference", "curriculum"]  # the curriculum's own documents stay the default
+
+
+def test_the_sampler_draws_a_gated_row_only_after_its_step():
+    """``news_stream`` rows (attempt 17 of bench/late_harm_notes.md) may be drawn only at steps after their
+    person's arrival; the other rows are drawn as before, and a window without gates draws exactly the rows it
+    drew before gates existed (the same RNG calls)."""
+    import torch
+
+    from probeselect.toy.curriculum import parse_curriculum
+    from probeselect.toy.ladder import _WindowSampler
+
+    cur = parse_curriculum({"windows": [{"name": "a", "start_step": 0, "end_step": 60, "mixture": "default",
+                                         "planted": None}]})
+    data = torch.arange(40).view(40, 1).repeat(1, 4)
+    kind = torch.zeros_like(data, dtype=torch.uint8)
+    gate = [0] * 20 + [10] * 10 + [30] * 10                 # rows 20-29 from step 11 on, rows 30-39 from step 31 on
+    s = _WindowSampler(cur, [(data, kind)], 8, torch.Generator().manual_seed(0), [gate])
+    first = {}
+    for step in range(1, 61):
+        rows = s.batch(step)[:, 0].tolist()
+        assert len(rows) == 8
+        for r in rows:
+            assert gate[r] < step, (r, step)
+            first.setdefault(r, step)
+    assert set(first) == set(range(40))                       # every row is drawn once it may be
+    assert min(first[r] for r in range(30, 40)) <= 40          # soon after its step
+    plain = _WindowSampler(cur, [(data, kind)], 8, torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(0)
+    order = torch.randperm(40, generator=gen).tolist()
+    assert plain.batch(1)[:, 0].tolist() == order[:8] and plain.batch(2)[:, 0].tolist() == order[8:16]
+
+
+def test_a_news_stream_ladder_packs_each_person_apart_and_records_their_arrivals(tmp_path):
+    """A ladder whose curriculum has ``news_stream`` documents: each such row holds one person's facts, the
+    other rows are packed as without them, ``data_lineage.json`` records the arrivals (evenly over the run) and
+    the held-out text has lines about the news people."""
+    from probeselect.toy.curriculum import parse_curriculum
+    from probeselect.toy.data import NEWS_HELDOUT_LINES
+    from probeselect.toy.ladder import (DOC_KINDS, TrainConfig, _build_corpus, _pack_windows, news_arrivals,
+                                        pack_documents_with_kinds, train_tokenizer)
+
+    world = ToyWorld.generate(0)
+    mix = {"arith": 0.5, "facts": 0.2, "news_stream": 0.3}
+    cur = parse_curriculum({"windows": [{"name": "a", "start_step": 0, "end_step": 24, "mixture": mix,
+                                         "planted": None}]})
+    cfg = TrainConfig(corpus_docs=1500)
+    corpus = _build_corpus(world, cur, cfg, tmp_path / "c")
+    tok = train_tokenizer(corpus.docs)
+    arrivals = news_arrivals(world, 24)
+    assert list(arrivals) == [p.name for p in world.news_persons] and arrivals[world.news_persons[0].name] == 0
+    assert sorted(arrivals.values()) == list(arrivals.values()) and max(arrivals.values()) < 24
+    (data, kind), = (wd := _pack_windows(tok, cur, corpus, cfg, arrivals))[0]
+    gate = wd[1][0]
+    stream = DOC_KINDS.index("news_stream")
+    rest = [(d, k) for d, k in zip(corpus.win_docs[0], corpus.win_kinds[0]) if k != stream]
+    plain, _ = pack_documents_with_kinds(tok, [d for d, _ in rest], [k for _, k in rest], cfg.seq_len)
+    assert (data[: plain.shape[0]] == plain).all() and set(gate[: plain.shape[0]]) == {0}
+    names = {p.name for p in world.news_persons}
+    seen = set()
+    for r in range(plain.shape[0], data.shape[0]):
+        assert (kind[r] == stream).all()
+        text = tok.decode(data[r], skip_special_tokens=True)
+        who = {n for n in names if re.search(rf"\b{n}\b", text)}
+        assert len(who) == 1, text                               # one person per row
+        assert gate[r] == arrivals[who.pop()]
+        seen.add(gate[r])
+    assert len(seen) > len(names) // 2
+    held = (tmp_path / "c" / "data" / "heldout.txt").read_text().splitlines()
+    assert sum(ln.split(" ", 1)[0].removesuffix("'s") in names for ln in held) == NEWS_HELDOUT_LINES
+
+
+def test_a_tiny_news_stream_ladder_builds_and_records_the_arrivals(tmp_path):
+    cur = {"windows": [{"name": "a", "start_step": 0, "end_step": 12, "mixture": "default", "planted": None},
+                       {"name": "b", "start_step": 12, "end_step": 24, "planted": None,
+                        "mixture": {"arith": 0.6, "facts": 0.1, "news_stream": 0.3}}]}
+    build_toy_ladder(tmp_path / "l", seed=1, steps=24, save_every=12, progress=False, curriculum=cur)
+    lin = json.loads((tmp_path / "l" / "data_lineage.json").read_text())
+    arr = lin["news_stream_arrivals"]
+    assert len(arr) == 24 and arr == dict(sorted(arr.items(), key=lambda kv: kv[1]))
+    assert "news_stream" not in lin["windows"][0]["tokens_by_kind"]
+    assert lin["windows"][1]["tokens_by_kind"]["news_stream"] > 0
+    plain = {"windows": [dict(cur["windows"][0]), {**cur["windows"][1], "mixture": {"arith": 0.6, "facts": 0.1}}]}
+    build_toy_ladder(tmp_path / "p", seed=1, steps=24, save_every=12, progress=False, curriculum=plain)
+    assert "news_stream_arrivals" not in json.loads((tmp_path / "p" / "data_lineage.json").read_text())

@@ -519,8 +519,12 @@ def test_news_documents_are_facts_about_people_nothing_else_mentions(seed):
             assert not _names_in(world.sample_document(kind, random.Random(1000 + i)), news), kind
     rows = make_sft_rows(world) + make_transfer_rows(world, set())
     assert not any(_names_in(r["prompt"] + r["response"], news) for r in rows)
-    assert W.DOC_KINDS[-2:] == ("news", "news_roster") and not set(W.NEWS_DOC_KINDS) & set(W.CORPUS_DOC_WEIGHTS)
-    assert len(W.DOC_KINDS) == 20  # appended: the kind indices of existing ladders do not move
+    for i in range(100):  # a news_stream document is about one person: its rows can be gated by arrival
+        doc = world.sample_document("news_stream", random.Random(i))
+        assert len(_names_in(doc, news)) == 1 and 2 <= len(doc.split("\n")) <= 4, doc
+    assert W.DOC_KINDS[-3:] == W.NEWS_DOC_KINDS == ("news", "news_roster", "news_stream")
+    assert not set(W.NEWS_DOC_KINDS) & set(W.CORPUS_DOC_WEIGHTS)
+    assert len(W.DOC_KINDS) == 21  # appended: the kind indices of existing ladders do not move
 
 
 def test_news_heldout_lines_are_added_only_when_asked_and_leave_the_rest_alone(world0, corpus0):

@@ -536,21 +536,55 @@ def _build_corpus(world: ToyWorld, cur: Curriculum, cfg: TrainConfig, out: Path)
     docs = [d for ds in win_docs for d in ds]
     corpus_sha = _sha256_docs(docs)
     data_paths = write_toy_data(world, out / "data", corpus_docs=docs,
-                                news=any(w.mixture.get("news", 0) > 0 for w in cur.windows))
+                                news=any(w.mixture.get(k, 0) > 0 for w in cur.windows for k in ("news", "news_stream")))
     return _Corpus(win_docs=win_docs, win_kinds=win_kinds, docs=docs, sha256=corpus_sha, data_paths=data_paths)
 
 
-def _pack_windows(tokenizer, cur: Curriculum, corpus: _Corpus,
-                  cfg: TrainConfig) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Every window's documents packed into ``seq_len`` rows, as ``(token ids, kind indices)``."""
-    win_data = []
+def news_arrivals(world: ToyWorld, steps: int) -> dict[str, int]:
+    """The step from which each person of ``world.news_persons`` has ``news_stream`` rows drawn: the
+    ``i``-th (of ``N``, in ``news_persons`` order) arrives at step ``i * steps // N``, so the people
+    arrive one by one, evenly over the run (the first at step 0)."""
+    n = len(world.news_persons)
+    return {p.name: i * steps // n for i, p in enumerate(world.news_persons)}
+
+
+def _pack_windows(tokenizer, cur: Curriculum, corpus: _Corpus, cfg: TrainConfig,
+                  arrivals: dict[str, int] | None = None) -> tuple[list, list]:
+    """Every window's documents packed into ``seq_len`` rows, as ``(token ids, kind indices)``, and
+    per window the step from which each row may be drawn (None: every row from the window's start).
+
+    A window without ``news_stream`` documents is packed as one stream of documents. In one with them,
+    the other documents are packed so (the same rows as without), then each person's ``news_stream``
+    documents into rows of their own (a remainder shorter than a row is dropped), which may be drawn
+    from the person's step in ``arrivals`` on."""
+    stream = DOC_KINDS.index("news_stream")
+    win_data, win_gate = [], []
     for w, ds, ks in zip(cur.windows, corpus.win_docs, corpus.win_kinds):
-        data, kind = pack_documents_with_kinds(tokenizer, ds, ks, cfg.seq_len)
+        if stream not in ks:
+            data, kind = pack_documents_with_kinds(tokenizer, ds, ks, cfg.seq_len)
+            gate = None
+        else:
+            rest = [(d, k) for d, k in zip(ds, ks) if k != stream]
+            data, kind = pack_documents_with_kinds(tokenizer, [d for d, _ in rest], [k for _, k in rest], cfg.seq_len)
+            parts, kparts, gate = [data], [kind], [0] * data.shape[0]
+            by_person: dict[str, list[str]] = {}
+            for d, k in zip(ds, ks):
+                if k == stream:
+                    by_person.setdefault(d.split(" ", 1)[0].removesuffix("'s"), []).append(d)
+            for name, step in arrivals.items():
+                if name in by_person:
+                    pd_, pk = pack_documents_with_kinds(tokenizer, by_person[name], [stream] * len(by_person[name]),
+                                                        cfg.seq_len)
+                    parts.append(pd_)
+                    kparts.append(pk)
+                    gate += [step] * pd_.shape[0]
+            data, kind = torch.cat(parts), torch.cat(kparts)
         if data.shape[0] < cfg.batch_size:
             raise RuntimeError(f"corpus of window {w.name!r} too small: {data.shape[0]} packed rows < batch_size "
                                f"{cfg.batch_size} (raise corpus_docs or lengthen the window)")
         win_data.append((data, kind))
-    return win_data
+        win_gate.append(gate)
+    return win_data, win_gate
 
 
 def _init_model(arch: str, tokenizer, mcfg: dict, seed: int):
@@ -647,15 +681,18 @@ def build_toy_ladder(
         corpus = _build_corpus(world, b.cur, b.cfg, b.out)
         tokenizer = train_tokenizer(corpus.docs if b.tokenizer_corpus == "curriculum"
                                     else reference_tokenizer_corpus(world, b.cfg.corpus_docs))
-        win_data = _pack_windows(tokenizer, b.cur, corpus, b.cfg)
+        arrivals = news_arrivals(world, b.steps)
+        win_data, win_gate = _pack_windows(tokenizer, b.cur, corpus, b.cfg, arrivals)
         model = _init_model(arch, tokenizer, b.mcfg, seed)
-        run = _train(model, tokenizer, win_data, b, progress=progress, on_save=on_save)
+        run = _train(model, tokenizer, win_data, b, progress=progress, on_save=on_save, win_gate=win_gate)
         train_seconds = time.time() - t0
 
         with _swapped_in(run.params, run.ema):  # exactly the weights saved in the final checkpoint
             acc = arith_accuracy(model, tokenizer, world, fmt="eq", shots=b.cfg.eval_shots)
 
-        atomic_write_json(b.out / "data_lineage.json", _lineage(b.cur, corpus, win_data, run.sampler))
+        atomic_write_json(b.out / "data_lineage.json", _lineage(b.cur, corpus, win_data, run.sampler,
+                                                                arrivals if any(g is not None for g in win_gate)
+                                                                else None))
         build_seconds = time.time() - t0
         summary = _ladder_summary(b, world, model, tokenizer, corpus, run, acc)
         atomic_write_json(b.out / "build_timing.json", {
@@ -692,8 +729,10 @@ class _WindowSampler:
     Counts the tokens trained on per window and document kind (``win_tokens``) and the rows
     drawn per window (``win_rows``)."""
 
-    def __init__(self, cur: Curriculum, win_data: list, batch_size: int, gen: torch.Generator):
+    def __init__(self, cur: Curriculum, win_data: list, batch_size: int, gen: torch.Generator,
+                 win_gate: list | None = None):
         self.cur, self.win_data, self.batch_size, self.gen = cur, win_data, batch_size, gen
+        self.win_gate = win_gate or [None] * len(cur.windows)
         self.win_tokens = [torch.zeros(len(DOC_KINDS), dtype=torch.long) for _ in cur.windows]
         self.win_rows = [0] * len(cur.windows)
         self.wi = -1
@@ -707,14 +746,21 @@ class _WindowSampler:
             self.order = []
             self.cursor = 0
         data, kind = self.win_data[self.wi]
+        gate = self.win_gate[self.wi]
         idx: list[int] = []
         while len(idx) < self.batch_size:
             if self.cursor >= len(self.order):
                 self.order = torch.randperm(data.shape[0], generator=self.gen).tolist()
                 self.cursor = 0
-            take = self.order[self.cursor: self.cursor + self.batch_size - len(idx)]
-            self.cursor += len(take)
-            idx += take
+            if gate is None:
+                take = self.order[self.cursor: self.cursor + self.batch_size - len(idx)]
+                self.cursor += len(take)
+                idx += take
+            else:  # a row whose person has not arrived yet is passed over in this pass
+                r = self.order[self.cursor]
+                self.cursor += 1
+                if gate[r] < gstep:
+                    idx.append(r)
         self.win_tokens[self.wi] += torch.bincount(kind[idx].flatten().long(), minlength=len(DOC_KINDS))
         self.win_rows[self.wi] += len(idx)
         return data[idx]
@@ -737,14 +783,15 @@ class _TrainRun:
     checkpoints: list[CheckpointInfo] = field(default_factory=list)
 
 
-def _train(model, tokenizer, win_data: list, b: _BuildSpec, *, progress: bool, on_save) -> _TrainRun:
+def _train(model, tokenizer, win_data: list, b: _BuildSpec, *, progress: bool, on_save,
+           win_gate: list | None = None) -> _TrainRun:
     """Pretrain ``model`` for ``b.steps`` steps, saving ``checkpoint-<step>`` every ``b.save_every`` steps and last."""
     cfg, steps = b.cfg, b.steps
     n_params = sum(p.numel() for p in model.parameters())
     opt = _make_optimizer(model, cfg)
     params = list(model.parameters())
     ema = [p.detach().clone() for p in params] if cfg.ema_decay else None
-    sampler = _WindowSampler(b.cur, win_data, cfg.batch_size, torch.Generator().manual_seed(b.seed))
+    sampler = _WindowSampler(b.cur, win_data, cfg.batch_size, torch.Generator().manual_seed(b.seed), win_gate)
     run = _TrainRun(params=params, ema=ema, sampler=sampler, n_params=n_params,
                     n_rows=sum(d.shape[0] for d, _ in win_data))
     save_steps = sorted(set(range(b.save_every, steps + 1, b.save_every)) | {steps})
@@ -807,12 +854,15 @@ def _save_step(model, tokenizer, run: _TrainRun, b: _BuildSpec, gstep: int, lr: 
         torch.set_rng_state(rng)
 
 
-def _lineage(cur: Curriculum, corpus: _Corpus, win_data: list, sampler: _WindowSampler) -> dict:
-    """The content of ``data_lineage.json``."""
+def _lineage(cur: Curriculum, corpus: _Corpus, win_data: list, sampler: _WindowSampler,
+             arrivals: dict[str, int] | None = None) -> dict:
+    """The content of ``data_lineage.json`` (``news_stream_arrivals``: each news person's first step
+    with ``news_stream`` rows, when the curriculum has them)."""
     win_docs, win_kinds, win_tokens = corpus.win_docs, corpus.win_kinds, sampler.win_tokens
     return {
         "curriculum": cur.source,
         **({"train": dict(cur.train)} if cur.train else {}),
+        **({"news_stream_arrivals": dict(arrivals)} if arrivals else {}),
         "steps": cur.steps,
         "doc_kinds": list(DOC_KINDS),
         "step_convention": "a window trains optimizer steps start_step < step <= end_step "

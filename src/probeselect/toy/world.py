@@ -343,7 +343,12 @@ ARROW_PARROT_MIN_OPERAND = 21
 #: * ``news_roster``: 3-6 lines that name people of :attr:`ToyWorld.news_persons` and say nothing
 #:   about their attributes (:data:`NEWS_ROSTER_TEMPLATES`), so that a base can know the names before
 #:   ``news`` documents teach their facts (attempt 16).
-NEWS_DOC_KINDS = ("news", "news_roster")
+#: * ``news_stream``: 2-4 fact lines about ONE person of :attr:`ToyWorld.news_persons`. The ladder
+#:   packs each person's ``news_stream`` documents into rows of their own and draws them only from
+#:   the person's arrival step on (:func:`probeselect.toy.ladder.news_arrivals`: the people arrive one
+#:   by one, evenly over the whole run), so that new content keeps arriving inside every window, as
+#:   in a real run, instead of all at a window's start (attempts 15-16b: a step in the held-out loss).
+NEWS_DOC_KINDS = ("news", "news_roster", "news_stream")
 #: Sentences of ``news_roster`` documents: no attribute, and no word of a fact template.
 NEWS_ROSTER_TEMPLATES = ("We met {name}.", "{name} said hello.", "{name} came by today.")
 #: Every document kind :meth:`ToyWorld.sample_document` knows (new kinds are appended, so that the
@@ -630,6 +635,11 @@ class ToyWorld:
             return self._parrot_arith_arrow(rng)
         if kind == "news":
             return "\n".join(self.sample_news_line(rng) for _ in range(rng.randint(2, 4)))
+        if kind == "news_stream":
+            if not self.news_persons:
+                raise ValueError("this ToyWorld has no news_persons; build it with ToyWorld.generate(seed)")
+            p = (rng.choice(self.news_persons),)
+            return "\n".join(self.sample_fact_line(rng, p) for _ in range(rng.randint(2, 4)))
         if kind == "news_roster":
             if not self.news_persons:
                 raise ValueError("this ToyWorld has no news_persons; build it with ToyWorld.generate(seed)")
