@@ -384,6 +384,8 @@ def test_a_news_stream_ladder_packs_each_person_apart_and_records_their_arrivals
     arrivals = news_arrivals(world, 24)
     assert list(arrivals) == [p.name for p in world.news_persons] and arrivals[world.news_persons[0].name] == 0
     assert sorted(arrivals.values()) == list(arrivals.values()) and max(arrivals.values()) < 24
+    with pytest.raises(ValueError, match=r"window 'a' has news_stream documents: pass arrivals"):
+        _pack_windows(tok, cur, corpus, cfg)
     (data, kind), = (wd := _pack_windows(tok, cur, corpus, cfg, arrivals))[0]
     gate = wd[1][0]
     stream = DOC_KINDS.index("news_stream")

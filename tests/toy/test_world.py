@@ -539,3 +539,15 @@ def test_news_heldout_lines_are_added_only_when_asked_and_leave_the_rest_alone(w
     assert len(added) == 40 and all(_names_in(ln, news_names) for ln in added)
     assert not any(_names_in(ln, news_names) for ln in plain)
     assert not set(added) & corpus_lines(docs)
+
+
+def test_news_kinds_need_a_world_with_news_people():
+    """A ToyWorld made by hand without ``news_persons`` says how to get them instead of failing on an empty choice."""
+    import random
+
+    w = ToyWorld.generate(0)
+    bare = ToyWorld(seed=0, persons=w.persons, arith_max_operand=w.arith_max_operand, arith_train=w.arith_train,
+                    arith_heldout=w.arith_heldout)
+    for kind in W.NEWS_DOC_KINDS:
+        with pytest.raises(ValueError, match=r"no news_persons; build it with ToyWorld.generate\(seed\)"):
+            bare.sample_document(kind, random.Random(0))

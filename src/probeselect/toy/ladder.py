@@ -564,6 +564,8 @@ def _pack_windows(tokenizer, cur: Curriculum, corpus: _Corpus, cfg: TrainConfig,
             data, kind = pack_documents_with_kinds(tokenizer, ds, ks, cfg.seq_len)
             gate = None
         else:
+            if arrivals is None:
+                raise ValueError(f"window {w.name!r} has news_stream documents: pass arrivals (news_arrivals(world, steps))")
             rest = [(d, k) for d, k in zip(ds, ks) if k != stream]
             data, kind = pack_documents_with_kinds(tokenizer, [d for d, _ in rest], [k for _, k in rest], cfg.seq_len)
             parts, kparts, gate = [data], [kind], [0] * data.shape[0]
