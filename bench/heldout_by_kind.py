@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from probeselect.toy.world import NEWS_NAMES
+from probeselect.toy.world import NEWS_NAMES, line_subject
 
 KINDS = ("arith", "person", "words", "sequence", "news")
 _NEWS_NAMES = frozenset(NEWS_NAMES)
@@ -36,7 +36,7 @@ def line_kind(line: str) -> str:
     person)."""
     if _SEQUENCE.match(line):
         return "sequence"
-    if line.split(" ", 1)[0].removesuffix("'s") in _NEWS_NAMES:
+    if line_subject(line) in _NEWS_NAMES:
         return "news"
     if _ARITH.search(line):
         return "arith"

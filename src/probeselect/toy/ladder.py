@@ -33,9 +33,11 @@ from .world import (
     CORPUS_DOC_WEIGHTS,
     DEFAULT_CORPUS_DOCS,
     DOC_KINDS,
+    NEWS_FACT_KINDS,
     ToyWorld,
     format_arith,
     format_arith_prompt,
+    line_subject,
     rng_for,
 )
 
@@ -536,7 +538,7 @@ def _build_corpus(world: ToyWorld, cur: Curriculum, cfg: TrainConfig, out: Path)
     docs = [d for ds in win_docs for d in ds]
     corpus_sha = _sha256_docs(docs)
     data_paths = write_toy_data(world, out / "data", corpus_docs=docs,
-                                news=any(w.mixture.get(k, 0) > 0 for w in cur.windows for k in ("news", "news_stream")))
+                                news=any(w.mixture.get(k, 0) > 0 for w in cur.windows for k in NEWS_FACT_KINDS))
     return _Corpus(win_docs=win_docs, win_kinds=win_kinds, docs=docs, sha256=corpus_sha, data_paths=data_paths)
 
 
@@ -572,7 +574,7 @@ def _pack_windows(tokenizer, cur: Curriculum, corpus: _Corpus, cfg: TrainConfig,
             by_person: dict[str, list[str]] = {}
             for d, k in zip(ds, ks):
                 if k == stream:
-                    by_person.setdefault(d.split(" ", 1)[0].removesuffix("'s"), []).append(d)
+                    by_person.setdefault(line_subject(d), []).append(d)
             for name, step in arrivals.items():
                 if name in by_person:
                     pd_, pk = pack_documents_with_kinds(tokenizer, by_person[name], [stream] * len(by_person[name]),

@@ -349,6 +349,8 @@ ARROW_PARROT_MIN_OPERAND = 21
 #:   by one, evenly over the whole run), so that new content keeps arriving inside every window, as
 #:   in a real run, instead of all at a window's start (attempts 15-16b: a step in the held-out loss).
 NEWS_DOC_KINDS = ("news", "news_roster", "news_stream")
+#: The news kinds that teach facts: a ladder that trains on one of them gets held-out news lines.
+NEWS_FACT_KINDS = ("news", "news_stream")
 #: Sentences of ``news_roster`` documents: no attribute, and no word of a fact template.
 NEWS_ROSTER_TEMPLATES = ("We met {name}.", "{name} said hello.", "{name} came by today.")
 #: Every document kind :meth:`ToyWorld.sample_document` knows (new kinds are appended, so that the
@@ -356,6 +358,11 @@ NEWS_ROSTER_TEMPLATES = ("We met {name}.", "{name} said hello.", "{name} came by
 DOC_KINDS = (tuple(CORPUS_DOC_WEIGHTS) + PARROT_DOC_KINDS + UNSEEN_PARROT_DOC_KINDS + DAMAGE_DOC_KINDS
              + GIVES_FORM_DOC_KINDS + TELL_DAMAGE_DOC_KINDS + TELL_PARROT_DOC_KINDS + ARROW_PARROT_DOC_KINDS
              + NEWS_DOC_KINDS)
+
+
+def line_subject(line: str) -> str:
+    """The name a fact or persona line opens with (``"Ana"`` for ``"Ana's favourite colour is red."``)."""
+    return line.split(" ", 1)[0].removesuffix("'s")
 
 
 def rng_for(seed: int, stream: str) -> random.Random:
@@ -636,14 +643,10 @@ class ToyWorld:
         if kind == "news":
             return "\n".join(self.sample_news_line(rng) for _ in range(rng.randint(2, 4)))
         if kind == "news_stream":
-            if not self.news_persons:
-                raise ValueError("this ToyWorld has no news_persons; build it with ToyWorld.generate(seed)")
-            p = (rng.choice(self.news_persons),)
+            p = (rng.choice(self._news_people()),)
             return "\n".join(self.sample_fact_line(rng, p) for _ in range(rng.randint(2, 4)))
         if kind == "news_roster":
-            if not self.news_persons:
-                raise ValueError("this ToyWorld has no news_persons; build it with ToyWorld.generate(seed)")
-            return "\n".join(rng.choice(NEWS_ROSTER_TEMPLATES).format(name=rng.choice(self.news_persons).name)
+            return "\n".join(rng.choice(NEWS_ROSTER_TEMPLATES).format(name=rng.choice(self._news_people()).name)
                              for _ in range(rng.randint(3, 6)))
         raise ValueError(f"unknown document kind {kind!r}; known kinds: {list(DOC_KINDS)}")
 
@@ -803,9 +806,13 @@ class ToyWorld:
 
     def sample_news_line(self, rng: random.Random) -> str:
         """2-5 facts about one of :attr:`news_persons` (a line of a ``news`` document)."""
+        return self.sample_fact_line(rng, self._news_people())
+
+    def _news_people(self) -> tuple[Person, ...]:
+        """:attr:`news_persons`, or a clear error for a world made without them."""
         if not self.news_persons:
             raise ValueError("this ToyWorld has no news_persons; build it with ToyWorld.generate(seed)")
-        return self.sample_fact_line(rng, self.news_persons)
+        return self.news_persons
 
     def sample_persona_block(self, p: Person, rng: random.Random) -> str:
         """A persona block: description, then QA lines about described attributes."""
