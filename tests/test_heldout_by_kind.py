@@ -90,3 +90,35 @@ def test_the_command_writes_its_table_as_csv(hbk, tmp_path, tiny_ladder, ladder_
     assert parts.contribution.sum() == pytest.approx(t.bpb.iloc[-1], abs=1e-5)  # 6 decimals in the CSV
     assert "all" in capsys.readouterr().out
     assert not list(out.parent.glob("*.tmp*"))
+
+
+def test_news_lines_by_arrival_prints_each_line_in_order_of_arrival(hbk, tmp_path, tiny_ladder, ladder_checkpoints,
+                                                                    capsys):
+    """bench/news_lines_by_arrival.py: one column per held-out news line, sorted by its person's arrival, with the
+    line's own bpb; a ladder without ``news_stream`` arrivals is a clear error."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from probeselect.capability import heldout_nll
+    from probeselect.toy.world import ToyWorld, line_subject
+
+    spec = importlib.util.spec_from_file_location("news_lines_by_arrival", REPO / "bench" / "news_lines_by_arrival.py")
+    nla = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(nla)
+    with pytest.raises(SystemExit, match="no news_stream_arrivals; pass a ladder whose curriculum has news_stream"):
+        nla.main([str(tiny_ladder), "--checkpoints", "1"])
+    world, rng = ToyWorld.generate(0), random.Random(0)
+    lines = [world.sample_news_line(rng) for _ in range(3)] + [world.sample_fact_line(rng)]
+    people = [line_subject(ln) for ln in lines[:3]]
+    arrivals = {p.name: 100 * i for i, p in enumerate(reversed(world.news_persons))}
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "heldout.txt").write_text("".join(ln + "\n" for ln in lines), encoding="utf-8")
+    (tmp_path / "data_lineage.json").write_text(__import__("json").dumps({"news_stream_arrivals": arrivals}))
+    ck = ladder_checkpoints[-1]
+    (tmp_path / ck.name).symlink_to(ck)
+    assert nla.main([str(tmp_path), "--checkpoints", ck.name.split("-")[1]]) == 0
+    head, row = capsys.readouterr().out.strip().splitlines()
+    order = sorted(range(3), key=lambda i: arrivals[people[i]])
+    assert [int(x) for x in head.split()[1:]] == [arrivals[people[i]] for i in order]
+    model, tok = AutoModelForCausalLM.from_pretrained(ck).eval(), AutoTokenizer.from_pretrained(ck)
+    want = [heldout_nll(model, tok, [lines[i]]).bits_per_byte for i in order]
+    assert [float(x) for x in row.split()[1:]] == pytest.approx(want, abs=0.006)   # printed with 2 decimals

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import re
 
 import pytest
@@ -19,6 +20,7 @@ from probeselect.toy.data import (
     TRANSFER_ROWS,
     PROBE_FORM_KINDS,
     TELL_QUESTIONS,
+    make_heldout_lines,
     make_robustness_rows,
     make_sft_heldout_rows,
     make_sft_rows,
@@ -28,7 +30,8 @@ from probeselect.toy.data import (
     sft_prompt,
     write_toy_data,
 )
-from probeselect.toy.world import ATTRIBUTE_VOCAB, CITIES, PERSON_ATTRIBUTES, PERSONA_QUESTIONS, ToyWorld, find_arith_triples
+from probeselect.toy.world import (ATTRIBUTE_VOCAB, CITIES, PERSON_ATTRIBUTES, PERSONA_QUESTIONS, ToyWorld,
+                                   find_arith_triples, line_subject)
 
 
 @pytest.fixture(scope="module", params=[0, 1])
@@ -277,3 +280,21 @@ def test_write_toy_data_files_readme_and_determinism(tmp_path):
     # other seeds give other items
     c = write_toy_data(ToyWorld.generate(3), tmp_path / "c", ToyWorld.generate(3).corpus(200))
     assert open(a["sft_heldout"], "rb").read() != open(c["sft_heldout"], "rb").read()
+
+
+def test_held_out_news_lines_reach_their_share_or_fail_clearly():
+    """``news_share`` (a ``news_stream`` corpus): the news lines get at least that share of the held-out bytes,
+    drawn after every other line (which do not change); a share no number of lines can reach is a clear error."""
+    world = ToyWorld.generate(2)
+    docs = [world.sample_document("facts", random.Random(i)) for i in range(50)]
+    names = {p.name for p in world.news_persons}
+    plain = make_heldout_lines(world, docs)
+    with_news = make_heldout_lines(world, docs, news_share=0.2)
+    news = [ln for ln in with_news if line_subject(ln) in names]
+    assert sorted(set(with_news) - set(news)) == sorted(plain)
+    size = lambda lines: sum(len(ln.encode()) for ln in lines)  # noqa: E731
+    shortest = min(len(ln.encode()) for ln in news)
+    assert size(news) >= 0.2 * size(with_news)                          # the share is reached ...
+    assert size(news) - shortest < 0.2 * (size(with_news) - shortest)   # ... by the last line drawn, not later
+    with pytest.raises(ValueError, match=r"news_share 1.0: too few distinct news lines.*lower the news_stream share"):
+        make_heldout_lines(world, docs, news_share=1.0)

@@ -38,6 +38,7 @@ from .world import (
     ToyWorld,
     format_arith,
     format_sequence,
+    line_subject,
     make_sequence,
     rng_for,
     with_article,
@@ -507,7 +508,8 @@ NEWS_HELDOUT_LINES = 12
 
 
 def make_heldout_lines(world: ToyWorld, docs: list[str], n_facts: int = 120, n_words: int = 80,
-                       n_persona: int = 40, n_sequence: int = 40, n_news: int = 0) -> list[str]:
+                       n_persona: int = 40, n_sequence: int = 40, n_news: int = 0,
+                       news_share: float = 0.0) -> list[str]:
     """Held-out plain text lines in the world's style, none identical to a corpus line.
 
     Contents: every held-out arithmetic triple once (random format; these never
@@ -516,6 +518,9 @@ def make_heldout_lines(world: ToyWorld, docs: list[str], n_facts: int = 120, n_w
     about the world's ``news_persons``, sampled from a separate RNG stream and
     filtered against the corpus (so counts may be below the targets). The news
     lines are drawn last, so ``n_news`` changes no other line (only the order).
+    ``news_share`` > 0: after the ``n_news`` lines, more news lines are drawn until the news lines
+    hold at least that share of the file's UTF-8 bytes (a held-out split sampled like a corpus in which
+    the news people's documents hold that share); a ValueError if the world has too few distinct ones.
     """
     rng = rng_for(world.seed, "heldout-text")
     banned = corpus_lines(docs)
@@ -552,6 +557,19 @@ def make_heldout_lines(world: ToyWorld, docs: list[str], n_facts: int = 120, n_w
     fill(n_sequence, lambda: format_sequence(make_sequence(rng.choice(SEQUENCE_KINDS), rng)))
     if n_news > 0:
         fill(n_news, lambda: world.sample_news_line(rng))
+    if news_share > 0:
+        news_names = {p.name for p in world.news_persons}
+        size = lambda lines: sum(len(ln.encode("utf-8")) for ln in lines)  # noqa: E731
+        news_bytes = size(ln for ln in out if line_subject(ln) in news_names)
+        tries = 0
+        while news_bytes < news_share * size(out):
+            tries += 1
+            if tries > 100_000:
+                raise ValueError(f"news_share {news_share}: too few distinct news lines for this share "
+                                 f"(got {news_bytes} of {size(out)} bytes); lower the news_stream share")
+            line = world.sample_news_line(rng)
+            if add(line):
+                news_bytes += len(line.encode("utf-8"))
     rng.shuffle(out)
     return out
 
@@ -623,11 +641,14 @@ against the corpus.{news_note}
 """
 
 
-def write_toy_data(world: ToyWorld, data_dir, corpus_docs: list[str], news: bool = False) -> dict[str, str]:
+def write_toy_data(world: ToyWorld, data_dir, corpus_docs: list[str], news: bool = False,
+                   news_share: float = 0.0) -> dict[str, str]:
     """Write sft.jsonl, sft_heldout.jsonl, transfer.jsonl, robustness.jsonl, heldout.txt and
     README.md; return name -> path (keys sft, sft_heldout, transfer, robustness, heldout, readme).
     ``news``: the corpus has ``news`` documents, so ``heldout.txt`` gets :data:`NEWS_HELDOUT_LINES`
-    lines about the world's ``news_persons`` as well."""
+    lines about the world's ``news_persons`` as well. ``news_share``: the share of the corpus's bytes
+    in ``news_stream`` documents; the news lines get at least that share of ``heldout.txt``'s bytes
+    (see :func:`make_heldout_lines`)."""
     d = Path(data_dir)
     d.mkdir(parents=True, exist_ok=True)
     sft = make_sft_rows(world)
@@ -635,7 +656,8 @@ def write_toy_data(world: ToyWorld, data_dir, corpus_docs: list[str], news: bool
     transfer = make_transfer_rows(world, sft_prompts)
     sft_heldout = make_sft_heldout_rows(world, sft_prompts)
     robust = make_robustness_rows(world, sft_prompts | {r["prompt"] for r in sft_heldout})
-    heldout = make_heldout_lines(world, corpus_docs, n_news=NEWS_HELDOUT_LINES if news else 0)
+    heldout = make_heldout_lines(world, corpus_docs, n_news=NEWS_HELDOUT_LINES if news else 0,
+                                 news_share=news_share)
     paths = {"sft": d / "sft.jsonl", "sft_heldout": d / "sft_heldout.jsonl", "transfer": d / "transfer.jsonl",
              "robustness": d / "robustness.jsonl", "heldout": d / "heldout.txt", "readme": d / "README.md"}
     _write_text(paths["sft"], "".join(json.dumps(r) + "\n" for r in sft))
@@ -648,9 +670,20 @@ def write_toy_data(world: ToyWorld, data_dir, corpus_docs: list[str], news: bool
         heldout_kinds=", ".join(SFT_HELDOUT_KINDS), robust_kinds=", ".join(ROBUST_KINDS),
         n_sft=len(sft), n_sft_heldout=len(sft_heldout), n_transfer=len(transfer), n_robust=len(robust),
         n_heldout=len(heldout),
-        news_note=(f" It also has up to {NEWS_HELDOUT_LINES} fact lines about the people of the corpus's `news` "
-                   "documents (people no other file mentions)." if news else "")))
+        news_note=_news_note(news, news_share)))
     return {k: str(v) for k, v in paths.items()}
+
+
+def _news_note(news: bool, news_share: float) -> str:
+    """The held-out section's sentence on news lines (empty for a corpus without news people)."""
+    if news_share > 0:
+        return (f" It also has fact lines about the people of the corpus's `news_stream` documents (people no other"
+                f" file mentions), at least {news_share:.1%} of its bytes: their documents' share of the corpus"
+                + (f", after {NEWS_HELDOUT_LINES} lines for its `news` documents." if news else "."))
+    if news:
+        return (f" It also has up to {NEWS_HELDOUT_LINES} fact lines about the people of the corpus's `news` "
+                "documents (people no other file mentions).")
+    return ""
 
 
 def _write_text(path: Path, text: str) -> None:

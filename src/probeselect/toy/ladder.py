@@ -33,7 +33,6 @@ from .world import (
     CORPUS_DOC_WEIGHTS,
     DEFAULT_CORPUS_DOCS,
     DOC_KINDS,
-    NEWS_FACT_KINDS,
     ToyWorld,
     format_arith,
     format_arith_prompt,
@@ -537,8 +536,12 @@ def _build_corpus(world: ToyWorld, cur: Curriculum, cfg: TrainConfig, out: Path)
     win_kinds = [[kind_index[k] for k, _ in pairs] for pairs in win_pairs]
     docs = [d for ds in win_docs for d in ds]
     corpus_sha = _sha256_docs(docs)
+    stream = kind_index["news_stream"]
+    stream_bytes = sum(len(d.encode("utf-8")) for ds, ks in zip(win_docs, win_kinds) for d, k in zip(ds, ks)
+                       if k == stream)
     data_paths = write_toy_data(world, out / "data", corpus_docs=docs,
-                                news=any(w.mixture.get(k, 0) > 0 for w in cur.windows for k in NEWS_FACT_KINDS))
+                                news=any(w.mixture.get("news", 0) > 0 for w in cur.windows),
+                                news_share=stream_bytes / sum(len(d.encode("utf-8")) for d in docs))
     return _Corpus(win_docs=win_docs, win_kinds=win_kinds, docs=docs, sha256=corpus_sha, data_paths=data_paths)
 
 
@@ -550,15 +553,40 @@ def news_arrivals(world: ToyWorld, steps: int) -> dict[str, int]:
     return {p.name: i * steps // n for i, p in enumerate(world.news_persons)}
 
 
+def pack_stream(tokenizer, docs: list[str], arrivals: dict[str, int], seq_len: int):
+    """``news_stream`` documents packed into ``seq_len`` rows, as ``(token ids, kind indices, gates)``.
+
+    The documents are ordered by their person's step in ``arrivals`` (a stable sort: a person's documents
+    keep their order) and packed as one stream, so every document but the last row's remainder is used and
+    a person's documents fill consecutive rows; a row's gate is the latest arrival among the people whose
+    tokens it holds (it may be drawn from that step on: no row shows a person before their step). A row
+    that holds the end of one person's documents and the start of the next person's waits for the next."""
+    stream = DOC_KINDS.index("news_stream")
+    order = sorted(range(len(docs)), key=lambda i: arrivals[line_subject(docs[i])])
+    docs = [docs[i] for i in order]
+    data, kind = pack_documents_with_kinds(tokenizer, docs, [stream] * len(docs), seq_len)
+    lengths = [len(x) + 2 for x in tokenizer(docs, add_special_tokens=False)["input_ids"]]  # BOS and EOS too
+    gates, row, end = [], -1, 0
+    for d, n in zip(docs, lengths):
+        start, end = end, end + n
+        step = arrivals[line_subject(d)]
+        for r in range(start // seq_len, min((end - 1) // seq_len, data.shape[0] - 1) + 1):
+            if r > row:
+                gates.append(step)
+                row = r
+            else:
+                gates[r] = max(gates[r], step)
+    return data, kind, gates[: data.shape[0]]
+
+
 def _pack_windows(tokenizer, cur: Curriculum, corpus: _Corpus, cfg: TrainConfig,
                   arrivals: dict[str, int] | None = None) -> tuple[list, list]:
     """Every window's documents packed into ``seq_len`` rows, as ``(token ids, kind indices)``, and
     per window the step from which each row may be drawn (None: every row from the window's start).
 
     A window without ``news_stream`` documents is packed as one stream of documents. In one with them,
-    the other documents are packed so (the same rows as without), then each person's ``news_stream``
-    documents into rows of their own (a remainder shorter than a row is dropped), which may be drawn
-    from the person's step in ``arrivals`` on."""
+    the other documents are packed so (the same rows as without), then the ``news_stream`` documents, in
+    the order of their people's steps in ``arrivals``, into rows of their own (see :func:`pack_stream`)."""
     stream = DOC_KINDS.index("news_stream")
     win_data, win_gate = [], []
     for w, ds, ks in zip(cur.windows, corpus.win_docs, corpus.win_kinds):
@@ -570,19 +598,9 @@ def _pack_windows(tokenizer, cur: Curriculum, corpus: _Corpus, cfg: TrainConfig,
                 raise ValueError(f"window {w.name!r} has news_stream documents: pass arrivals (news_arrivals(world, steps))")
             rest = [(d, k) for d, k in zip(ds, ks) if k != stream]
             data, kind = pack_documents_with_kinds(tokenizer, [d for d, _ in rest], [k for _, k in rest], cfg.seq_len)
-            parts, kparts, gate = [data], [kind], [0] * data.shape[0]
-            by_person: dict[str, list[str]] = {}
-            for d, k in zip(ds, ks):
-                if k == stream:
-                    by_person.setdefault(line_subject(d), []).append(d)
-            for name, step in arrivals.items():
-                if name in by_person:
-                    pd_, pk = pack_documents_with_kinds(tokenizer, by_person[name], [stream] * len(by_person[name]),
-                                                        cfg.seq_len)
-                    parts.append(pd_)
-                    kparts.append(pk)
-                    gate += [step] * pd_.shape[0]
-            data, kind = torch.cat(parts), torch.cat(kparts)
+            sdata, skind, sgate = pack_stream(tokenizer, [d for d, k in zip(ds, ks) if k == stream], arrivals,
+                                              cfg.seq_len)
+            data, kind, gate = torch.cat([data, sdata]), torch.cat([kind, skind]), [0] * data.shape[0] + sgate
         if data.shape[0] < cfg.batch_size:
             raise RuntimeError(f"corpus of window {w.name!r} too small: {data.shape[0]} packed rows < batch_size "
                                f"{cfg.batch_size} (raise corpus_docs or lengthen the window)")

@@ -340,17 +340,19 @@ ARROW_PARROT_MIN_OPERAND = 21
 #:   closed and its text is learned by the end of a long base window, so without new content a late
 #:   mixture change can only trade held-out loss. A ladder whose corpus has ``news`` documents gets
 #:   :data:`probeselect.toy.data.NEWS_HELDOUT_LINES` held-out lines about these people too.
+#:   One with ``news_stream`` documents gets held-out lines about them too, as large a share of
+#:   ``heldout.txt``'s bytes as those documents hold of the corpus's (see
+#:   :func:`probeselect.toy.data.make_heldout_lines`).
 #: * ``news_roster``: 3-6 lines that name people of :attr:`ToyWorld.news_persons` and say nothing
 #:   about their attributes (:data:`NEWS_ROSTER_TEMPLATES`), so that a base can know the names before
 #:   ``news`` documents teach their facts (attempt 16).
 #: * ``news_stream``: 2-4 fact lines about ONE person of :attr:`ToyWorld.news_persons`. The ladder
-#:   packs each person's ``news_stream`` documents into rows of their own and draws them only from
-#:   the person's arrival step on (:func:`probeselect.toy.ladder.news_arrivals`: the people arrive one
+#:   packs the ``news_stream`` documents in the order of their people's arrival into rows of their own
+#:   (:func:`probeselect.toy.ladder.pack_stream`) and draws a row only from the arrival step on of the
+#:   latest person in it (:func:`probeselect.toy.ladder.news_arrivals`: the people arrive one
 #:   by one, evenly over the whole run), so that new content keeps arriving inside every window, as
 #:   in a real run, instead of all at a window's start (attempts 15-16b: a step in the held-out loss).
 NEWS_DOC_KINDS = ("news", "news_roster", "news_stream")
-#: The news kinds that teach facts: a ladder that trains on one of them gets held-out news lines.
-NEWS_FACT_KINDS = ("news", "news_stream")
 #: Sentences of ``news_roster`` documents: no attribute, and no word of a fact template.
 NEWS_ROSTER_TEMPLATES = ("We met {name}.", "{name} said hello.", "{name} came by today.")
 #: Every document kind :meth:`ToyWorld.sample_document` knows (new kinds are appended, so that the
