@@ -439,3 +439,16 @@ def test_the_development_curricula_of_the_notes_still_load(path):
     assert all(k in DOC_KINDS for w in cur.windows for k in w.mixture), path
     if path.name != "late_clean_control.yaml":
         assert all(w.planted is not None for w in cur.windows[1:]), path
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "bench" / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_the_validation_configs_of_the_notes_load_and_name_a_curriculum_that_loads(path):
+    """bench/configs/*.yaml (run configs of declared fresh-seed validations, bench/late_harm_notes.md) stay valid
+    run configs whose toy ladder's curriculum file loads with the steps the config builds."""
+    from probeselect.run import load_run_config
+
+    cfg = load_run_config(path)
+    toy = cfg["ladder"]["toy"]
+    cur = load_curriculum(ROOT / toy["curriculum"], steps=toy["steps"])
+    assert cur.steps == toy["steps"] and toy["tokenizer_corpus"] == "reference"
+    assert (ROOT / toy["curriculum"]).name in path.read_text().split("--curriculum ")[1]  # the command in its header
