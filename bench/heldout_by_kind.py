@@ -55,6 +55,16 @@ def read_lines(ladder: Path) -> list[str]:
     return lines
 
 
+def load_checkpoint(ladder: Path, step):
+    """``(model, tokenizer)`` of ``ladder/checkpoint-<step>`` (eval mode), or a clear exit naming the folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = ladder / f"checkpoint-{step}"
+    if not path.is_dir():
+        raise SystemExit(f"{path}: no such checkpoint in {ladder}; pass steps that have a checkpoint-<step> folder")
+    return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+
+
 def by_kind(model, tokenizer, lines: list[str]) -> pd.DataFrame:
     """One row per kind present: lines, bytes, byte share, bpb, contribution; and a row ``all``
     (from the kinds' summed NLL: every line is its own document, so the nats add up)."""
@@ -82,17 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="also write the table as CSV")
     a = ap.parse_args(argv)
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(1)
     lines = read_lines(a.ladder)
     parts = []
     for step in a.checkpoints:
-        path = a.ladder / f"checkpoint-{step}"
-        if not path.is_dir():
-            raise SystemExit(f"{path}: no such checkpoint in {a.ladder}; pass steps that have a checkpoint-<step> folder")
-        model = AutoModelForCausalLM.from_pretrained(path).eval()
-        tok = AutoTokenizer.from_pretrained(path)
+        model, tok = load_checkpoint(a.ladder, step)
         with torch.no_grad():
             parts.append(by_kind(model, tok, lines).assign(checkpoint=int(step)))
     table = pd.concat(parts, ignore_index=True)[["checkpoint", "kind", "lines", "bytes", "byte_share", "bpb", "contribution"]]

@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from heldout_by_kind import line_kind, read_lines
+from heldout_by_kind import line_kind, load_checkpoint, read_lines
 
 from probeselect.toy.world import line_subject
 
@@ -31,18 +31,13 @@ def main(argv: list[str] | None = None) -> int:
     lines = sorted((ln for ln in read_lines(a.ladder) if line_kind(ln) == "news"),
                    key=lambda ln: arrivals[line_subject(ln)])
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from probeselect.capability import heldout_nll
 
     torch.set_num_threads(1)
     print("arrival " + " ".join(f"{arrivals[line_subject(ln)]:>5d}" for ln in lines))
     for step in a.checkpoints:
-        path = a.ladder / f"checkpoint-{step}"
-        if not path.is_dir():
-            raise SystemExit(f"{path}: no such checkpoint in {a.ladder}; pass steps that have a checkpoint-<step> folder")
-        model = AutoModelForCausalLM.from_pretrained(path).eval()
-        tok = AutoTokenizer.from_pretrained(path)
+        model, tok = load_checkpoint(a.ladder, step)
         with torch.no_grad():
             print(f"{step:>7} " + " ".join(f"{heldout_nll(model, tok, [ln]).bits_per_byte:5.2f}" for ln in lines))
     return 0
