@@ -25,7 +25,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoints", nargs="+", required=True, metavar="STEP", help="checkpoint steps to score")
     a = ap.parse_args(argv)
     lineage = a.ladder / "data_lineage.json"
-    arrivals = json.loads(lineage.read_text()).get("news_stream_arrivals") if lineage.is_file() else None
+    try:
+        arrivals = json.loads(lineage.read_text(encoding="utf-8")).get("news_stream_arrivals") if lineage.is_file() else None
+    except (ValueError, AttributeError) as e:
+        raise SystemExit(f"{lineage}: not a ladder's data lineage ({e}); rebuild the ladder "
+                         "(python -m probeselect toy-ladder DIR --curriculum ...)") from None
     if not arrivals:
         raise SystemExit(f"{lineage}: no news_stream_arrivals; pass a ladder whose curriculum has news_stream documents")
     lines = sorted((ln for ln in read_lines(a.ladder) if line_kind(ln) == "news"),

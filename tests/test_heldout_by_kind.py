@@ -106,6 +106,13 @@ def test_news_lines_by_arrival_prints_each_line_in_order_of_arrival(hbk, tmp_pat
     spec.loader.exec_module(nla)
     with pytest.raises(SystemExit, match="no news_stream_arrivals; pass a ladder whose curriculum has news_stream"):
         nla.main([str(tiny_ladder), "--checkpoints", "1"])
+    with pytest.raises(SystemExit, match="no news_stream_arrivals"):              # no such folder
+        nla.main([str(tmp_path / "missing"), "--checkpoints", "1"])
+    (tmp_path / "bad").mkdir()
+    for text in ("{not json", "[1, 2]"):
+        (tmp_path / "bad" / "data_lineage.json").write_text(text)
+        with pytest.raises(SystemExit, match=r"data_lineage.json: not a ladder's data lineage .*rebuild the ladder"):
+            nla.main([str(tmp_path / "bad"), "--checkpoints", "1"])
     world, rng = ToyWorld.generate(0), random.Random(0)
     lines = [world.sample_news_line(rng) for _ in range(3)] + [world.sample_fact_line(rng)]
     people = [line_subject(ln) for ln in lines[:3]]
