@@ -313,20 +313,6 @@ def arith_accuracy(model, tokenizer, world: ToyWorld, n: int | None = None, fmt:
 # Training
 # ---------------------------------------------------------------------------
 
-def pack_documents(tokenizer, docs: list[str], seq_len: int) -> torch.Tensor:
-    """Tokenize ``docs`` as ``[BOS] doc [EOS]``, concatenate, and cut into rows of
-    ``seq_len`` tokens (the ragged tail is dropped).  Returns a LongTensor [n, seq_len]."""
-    ids = tokenizer(docs, add_special_tokens=False)["input_ids"]
-    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
-    flat: list[int] = []
-    for x in ids:
-        flat.append(bos)
-        flat.extend(x)
-        flat.append(eos)
-    n = len(flat) // seq_len
-    return torch.tensor(flat[: n * seq_len], dtype=torch.long).view(n, seq_len)
-
-
 def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
     """Learning rate for optimizer step ``step`` (0-based): linear warmup, then either a
     cosine decay to ``min_lr_ratio * lr`` (``schedule="cosine"``) or a constant phase
@@ -417,10 +403,16 @@ def _trainer_state(step, max_steps, save_every, tokens, epoch, log_history, batc
 
 
 def pack_documents_with_kinds(tokenizer, docs: list[str], kinds: list[int], seq_len: int):
-    """Like :func:`pack_documents`, plus a uint8 tensor of the same shape holding, for
-    every token (BOS and EOS included), the index of its document's kind."""
+    """Tokenize ``docs`` as ``[BOS] doc [EOS]``, concatenate, and cut into rows of ``seq_len`` tokens (the
+    ragged tail is dropped), as a LongTensor ``[n, seq_len]`` and a uint8 tensor of the same shape holding, for
+    every token (BOS and EOS included), the index of its document's kind in ``kinds``."""
     ids = tokenizer(docs, add_special_tokens=False)["input_ids"]
-    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
+    return _pack_ids(ids, kinds, tokenizer.bos_token_id, tokenizer.eos_token_id, seq_len)
+
+
+def _pack_ids(ids: list[list[int]], kinds: list[int], bos: int, eos: int, seq_len: int):
+    """Token-id documents, each framed by BOS and EOS, concatenated and cut into ``seq_len`` rows (the last
+    remainder dropped), with the kind index of every token: the packing of :func:`pack_documents_with_kinds`."""
     flat: list[int] = []
     flat_kind: list[int] = []
     for x, k in zip(ids, kinds):
@@ -564,19 +556,16 @@ def pack_stream(tokenizer, docs: list[str], arrivals: dict[str, int], seq_len: i
     stream = DOC_KINDS.index("news_stream")
     order = sorted(range(len(docs)), key=lambda i: arrivals[line_subject(docs[i])])
     docs = [docs[i] for i in order]
-    data, kind = pack_documents_with_kinds(tokenizer, docs, [stream] * len(docs), seq_len)
-    lengths = [len(x) + 2 for x in tokenizer(docs, add_special_tokens=False)["input_ids"]]  # BOS and EOS too
-    gates, row, end = [], -1, 0
-    for d, n in zip(docs, lengths):
-        start, end = end, end + n
+    ids = tokenizer(docs, add_special_tokens=False)["input_ids"]
+    data, kind = _pack_ids(ids, [stream] * len(docs), tokenizer.bos_token_id, tokenizer.eos_token_id, seq_len)
+    gates = [0] * data.shape[0]                  # arrivals are >= 0: the max over the documents a row holds
+    end = 0
+    for d, x in zip(docs, ids):
+        start, end = end, end + len(x) + 2       # BOS and EOS too
         step = arrivals[line_subject(d)]
         for r in range(start // seq_len, min((end - 1) // seq_len, data.shape[0] - 1) + 1):
-            if r > row:
-                gates.append(step)
-                row = r
-            else:
-                gates[r] = max(gates[r], step)
-    return data, kind, gates[: data.shape[0]]
+            gates[r] = max(gates[r], step)
+    return data, kind, gates
 
 
 def _pack_windows(tokenizer, cur: Curriculum, corpus: _Corpus, cfg: TrainConfig,
