@@ -428,11 +428,11 @@ def test_the_development_curricula_of_the_notes_still_load(path):
     """Every curriculum bench/late_harm_notes.md reports on (bench/*.yaml) still parses with today's
     document kinds and schedules, so each attempt's command in the notes can be rerun: the late-harm
     layout (a clean base to step 1200, then planted windows only, 2000 steps; attempts 11-14's longer clean
-    base: to step 2000 of 2800, built with --steps 2800; attempts 18-18b's: to step 2400 of 3200). Run
+    base: to step 2000 of 2800, built with --steps 2800; attempts 18-18c's: to step 2400 of 3200). Run
     configs of the notes live in bench/configs/, not here."""
     cur = load_curriculum(path)
     long_base = {f"late_harm_attempt{n}.yaml" for n in (11, 12, 13, 14, 15, "15b", "15c", 16, "16b", 17)}
-    longer_base = {f"late_harm_attempt{n}.yaml" for n in (18, "18b")}
+    longer_base = {f"late_harm_attempt{n}.yaml" for n in (18, "18b", "18c")}
     steps, base_end = ((2800, 2000) if path.name in long_base else (3200, 2400) if path.name in longer_base
                        else (2000, 1200))
     assert cur.steps == steps and cur.windows[0].planted is None and cur.windows[0].end_step == base_end
