@@ -1,21 +1,15 @@
 """bench/heldout_by_kind.py: the split of a toy ladder's held-out bpb by kind of line (issue 23 notes)."""
-import importlib.util
 import random
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from _bench import load_bench
+
 
 
 @pytest.fixture(scope="module")
 def hbk():
-    spec = importlib.util.spec_from_file_location("heldout_by_kind", REPO / "bench" / "heldout_by_kind.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["heldout_by_kind"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("heldout_by_kind")
 
 
 @pytest.mark.parametrize("seed", [0, 7])
@@ -101,9 +95,7 @@ def test_news_lines_by_arrival_prints_each_line_in_order_of_arrival(hbk, tmp_pat
     from probeselect.capability import heldout_nll
     from probeselect.toy.world import ToyWorld, line_subject
 
-    spec = importlib.util.spec_from_file_location("news_lines_by_arrival", REPO / "bench" / "news_lines_by_arrival.py")
-    nla = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(nla)
+    nla = load_bench("news_lines_by_arrival")
     with pytest.raises(SystemExit, match="no news_stream_arrivals; pass a ladder whose curriculum has news_stream"):
         nla.main([str(tiny_ladder), "--checkpoints", "1"])
     with pytest.raises(SystemExit, match="no news_stream_arrivals"):              # no such folder

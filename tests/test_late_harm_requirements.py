@@ -1,21 +1,15 @@
 """bench/late_harm_requirements.py: issue 23's late-harm ladder requirements per seed, from a validity run."""
-import importlib.util
-import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from _bench import load_bench
+
 
 
 @pytest.fixture(scope="module")
 def lhr():
-    spec = importlib.util.spec_from_file_location("late_harm_requirements", REPO / "bench" / "late_harm_requirements.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["late_harm_requirements"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("late_harm_requirements")
 
 
 STEPS = [100, 200, 300, 400, 500]
