@@ -54,9 +54,20 @@ def requirements(run_dir: Path, record: Path, harm_start: int, final_start: int,
         if not (record / name).is_file():
             raise SystemExit(f"{record / name}: missing; pass the folder of a finished bench/validity.py run "
                              "(OUT/<curriculum>/ or a bench/validity_runs/ record)")
-    tv = pd.read_csv(record / "truth_values.csv")
-    val = pd.read_csv(record / "validity.csv")
-    sel = pd.read_csv(record / "selectors.csv")
+    need = {"truth_values.csv": {"seed", "checkpoint", "truth_value", "heldout_bpb"},
+            "validity.csv": {"seed", "truth_best"},
+            "selectors.csv": {"seed", "selector", "agree", "regret", "regret_lo", "regret_hi"}}
+    tables = {}
+    for name, cols in need.items():
+        try:
+            tables[name] = pd.read_csv(record / name)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+            raise SystemExit(f"{record / name}: not a readable CSV ({e}); rerun bench/validity.py or restore the record")
+        missing = sorted(cols - set(tables[name].columns))
+        if missing:
+            raise SystemExit(f"{record / name}: no column(s) {', '.join(missing)}; pass the folder of a finished "
+                             "bench/validity.py run")
+    tv, val, sel = tables["truth_values.csv"], tables["validity.csv"], tables["selectors.csv"]
     rows = []
     for seed, g in tv.groupby("seed"):
         g = g[~g["checkpoint"].astype(str).str.contains("perturbed")].copy()

@@ -72,3 +72,6 @@ def test_a_folder_that_is_not_a_finished_run_names_the_file_and_the_fix(lhr, tmp
     run, rec = _run(tmp_path, {1: [0.5, 0.9, 0.85, 0.7, 0.8]}, {1: {"arith_pattern": FLAT}}, {1: 200}, {1: 0})
     with pytest.raises(SystemExit, match=r"scores.parquet: missing; RUN_DIR must be the validity run's"):
         lhr.requirements(rec, rec, 200, 400)
+    (rec / "validity.csv").write_text("seed,pick\n1,checkpoint-200\n")      # malformed: no truth_best
+    with pytest.raises(SystemExit, match=r"validity.csv: no column\(s\) truth_best; pass the folder of a finished"):
+        lhr.requirements(run, rec, 200, 400)
