@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from probeselect._io import atomic_write_csv
 from probeselect.toy.dip import CAPABILITY_FAMILIES, CONFLICT_FAMILIES, family_trajectories
 
 
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     df = requirements(a.run_dir, a.record, a.harm_start, a.final_start, a.margin)
     if a.csv:
-        df.to_csv(a.csv, index=False)
+        atomic_write_csv(a.csv, df)   # an interrupted write leaves no partial table
     print(df.to_string(index=False))
     return 0
 
