@@ -64,6 +64,9 @@ def test_families_count_only_up_to_where_transfer_falls_and_capability_is_read_b
     assert two["truth_best"] == 500 and not two["before_final"] and not two["separated"]
     assert pd.isna(two["transfer_falls_at"])               # no fall: every checkpoint after the harm's start counts
     assert two["families_down"] == "arith_pattern@500" and two["capability_falls"] == ""  # best is the latest
+    assert lhr.main([str(run), str(rec), "--harm-start", "200", "--final-start", "400", "--csv", str(tmp_path / "o.csv")]) == 0
+    out = pd.read_csv(tmp_path / "o.csv", keep_default_na=False).set_index("seed")
+    assert out.loc[1, "families_down"] == "arith_pattern@300" and out.loc[2, "truth_best"] == 500
 
 
 def test_a_folder_that_is_not_a_finished_run_names_the_file_and_the_fix(lhr, tmp_path):
