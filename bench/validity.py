@@ -39,8 +39,9 @@ For every toy seed S:
 
 Selectors on the same truth (:data:`SELECTORS`; ``OUT/selectors.csv`` per seed,
 ``OUT/selector_summary.csv`` over seeds): ``pipeline`` (the confirmed recommendation; decisive only
-when the confirmation names a clear winner and the pilot's decision held, else its top base is
-scored as undecided), ``latest``, ``lowest_bpb`` (pretraining held-out bits per byte),
+when the confirmation names a clear winner -- or, under a plan with ``selection.decision.against``, a
+base better than that default (:data:`DECISIVE`) -- and the pilot's decision held, else its top base is
+scored as undecided; the probe-free pilot's verdict follows the same rule), ``latest``, ``lowest_bpb`` (pretraining held-out bits per byte),
 ``best_capability`` (mean capability candidate accuracy), ``probes_only`` (shortlist rank 1),
 ``probe_free_pilot``, ``random_k_pilot`` (expected over all k-subsets of the plan-eligible
 checkpoints with an oracle pilot that picks each subset's truth-best: favourable to it) and
@@ -117,7 +118,9 @@ def _run_cfg(config: Path, out: Path, seed: int, tiny: bool, curriculum: str | N
     ov += [f"{k}.jobs=1" for k in ("pilot", "confirm") if raw.get(k)]
     # the pipeline measured here confirms the top N only: with `confirm.references` (the demos retrain the
     # naive choices at confirmation, for the report) its pick could be the latest checkpoint whenever that wins
-    # the confirmation, so "pipeline" would partly be the "latest" selector it is compared with
+    # the confirmation, so "pipeline" would partly be the "latest" selector it is compared with. A plan with
+    # `selection.decision.against: latest` is the exception that confirm() makes itself: it claims "better than
+    # the latest", so the latest is retrained at the confirmation budget to test that claim there
     ov += ["confirm.references=[]"] if raw.get("confirm") else []
     if tiny:
         ov += TINY_RUN
@@ -146,10 +149,17 @@ def _spec(cfg: dict):
     return load_selection_plan(cfg["plan"]).selection
 
 
-def _rank(pilot_dir: Path, spec, bases: list[str] | None = None):
+def _rank(pilot_dir: Path, spec, bases: list[str] | None = None, default: str | None = None):
+    """The ranking of a pilot folder; ``default``: the plan's ``decision.against`` base (the pipeline's and the
+    probe-free pilot's rule; the truth is ranked without it: its verdicts are clear winners only)."""
     from probeselect.select import load_pilot_tables, rank_bases
 
-    return rank_bases(load_pilot_tables(pilot_dir), spec, bases=bases)
+    return rank_bases(load_pilot_tables(pilot_dir), spec, bases=bases, default=default)
+
+
+#: Verdicts that make a pick decisive: a clear winner, or (plans with ``selection.decision.against``)
+#: a base shown better than the default with its equivalents named.
+DECISIVE = ("winner", "beats_default")
 
 
 def _pilot(bases, recipe: str, out: Path, overrides: list[str], seeds: list[int] | None, device: str,
@@ -602,19 +612,21 @@ def _seed_row(seed: int, out_root: Path, st: dict, ties_spec, secs: dict, facts:
     cd = (conf or {}).get("confirm_decision") or {}
     if conf:
         pipe_pick = cd.get("top") or cd.get("recommended") or pilot_dec.get("recommended") or pilot_dec.get("top")
-        decided = cd.get("verdict") == "winner" and bool(conf.get("held", True))
+        decided = cd.get("verdict") in DECISIVE and bool(conf.get("held", True))
     else:
         pipe_pick = pilot_dec.get("recommended") or pilot_dec.get("top")
-        decided = pilot_dec.get("verdict") == "winner"
+        decided = pilot_dec.get("verdict") in DECISIVE
     summary = pd.read_csv(run_dir / "summary.csv")
     bpb = _heldout_bpb(summary).reindex(tt.index)
     capab = _capability_score(summary).reindex(tt.index)
     shortlisted = json.loads((run_dir / "shortlist.json").read_text(encoding="utf-8"))["selected"]
-    pf = _rank(out / "probe_free" / "pilot", spec)
+    from probeselect.select import default_base
+
+    pf = _rank(out / "probe_free" / "pilot", spec, default=default_base(run_dir, spec))
     naive = naive_picks({c.name: c.step for c in ckpts if c.name in tt.index}, bpb, capab,
                         [str(x["checkpoint"]) for x in shortlisted])
     picks = {"pipeline": (pipe_pick, bool(decided)), **{n: (p, True) for n, p in naive.items()},
-             "probe_free_pilot": (pf.recommended or pf.top, pf.verdict == "winner")}
+             "probe_free_pilot": (pf.recommended or pf.top, pf.verdict in DECISIVE)}
     k = int(len(shortlisted) or 3)
     notes = {"pipeline": f"confirmation: {cd.get('verdict', pilot_dec.get('verdict'))}", "latest": "last checkpoint",
              "lowest_bpb": "lowest pretraining held-out bpb", "best_capability": "highest mean capability candidate_accuracy",

@@ -242,3 +242,39 @@ def test_a_naive_choice_close_to_the_top_is_not_ruled_out(tmp_path, monkeypatch)
     line = next(ln for ln in write_report(d).md.read_text().splitlines()
                 if ln.startswith("- **Against the naive choices**"))
     assert "it reaches below 0, so the naive choice is not ruled out" in line
+
+
+def test_a_plan_against_the_latest_retrains_it_and_confirms_beats_default(tmp_path, monkeypatch):
+    """``selection.decision.against: latest``: the pilot names checkpoint-40 better than the latest
+    (checkpoint-50 equivalent to it); the confirmation retrains the latest although no reference was
+    asked for, confirms the claim there, and the report's headline says what was shown."""
+    from _selection_fakes import PLAN, make_score_run
+
+    from probeselect.report import write_report
+
+    d = make_score_run(tmp_path / "run")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(PLAN.replace("decision: {tie_margin: 0.02}", "decision: {tie_margin: 0.02, against: latest}"))
+    lock_plan(plan, d, allow_weak=True)
+    shortlist(d, plan)
+    truth = {"checkpoint-40": {"task_accuracy": 0.86, "termination": 0.9},
+             "checkpoint-50": {"task_accuracy": 0.85, "termination": 0.9},
+             "checkpoint-60": {"task_accuracy": 0.45, "termination": 0.9}}
+    write_fake_pilot(d / "pilot", truth, n_items=3000)
+    sel = select(d).ranking
+    assert sel.verdict == "beats_default" and sel.default == "checkpoint-60"
+    calls = []
+    monkeypatch.setattr(confirm_mod, "_load_pilot_fn",
+                        lambda: lambda bases, recipe, out_dir, **kw: (
+                            calls.append([b.name for b in bases]),
+                            write_fake_pilot(out_dir, {b.name: truth[b.name] for b in bases}, n_items=3000,
+                                             rng_seed=1))[-1])
+    res = confirm(d, "recipes/confirm.yaml", top=1)
+    assert calls == [[sel.top, "checkpoint-60"]]         # the latest retrained next to the top 1
+    js = json.loads((d / "confirm.json").read_text())
+    assert js["references"] == {"latest": "checkpoint-60"}
+    assert any("decides against the latest" in n for n in js["notes"])
+    assert res.ranking.default == "checkpoint-60" and res.held is True
+    assert res.ranking.verdict == "winner"                # two bases: beating the default is beating every other
+    md = write_report(d).md.read_text()
+    assert f"**Recommended base: `{sel.top}`**" in md and "beats the default `checkpoint-60` (latest)" in md

@@ -440,3 +440,81 @@ def test_a_plan_asking_for_seeds_items_is_used_end_to_end(tmp_path):
     assert any("new draw of transfer items" in c for c in c2) and not any(c.startswith("The intervals are seed-level")
                                                                         for c in c2)
 
+
+
+# --- selection.decision.against: a base shown better than the default (the latest checkpoint) ---
+
+_AGAINST = {"A": [0.90, 0.91, 0.89, 0.92, 0.90, 0.91],      # the top
+            "B": [0.90, 0.90, 0.90, 0.91, 0.90, 0.90],      # within the tie margin of A: an equivalent candidate
+            "L": [0.80, 0.82, 0.79, 0.81, 0.80, 0.82]}      # the default, ~0.1 below both
+
+
+def _tables(tmp_path, values):
+    rows = [dict(base=b, seed=s, metric="task_accuracy", value=v) for b, vs in values.items() for s, v in enumerate(vs)]
+    return PilotTables(tmp_path, pd.DataFrame(rows), None, None)
+
+
+def test_against_default_names_a_base_better_than_the_latest_with_its_equivalents(tmp_path):
+    from scipy.stats import t as student_t
+
+    tabs = _tables(tmp_path, _AGAINST)
+    plain = rank_bases(tabs, SelectionSpec(tie_margin=0.02, min_sft_seeds=6), default="L")
+    assert plain.verdict == "no_clear_winner" and plain.default is None   # without the key nothing changes
+    spec = SelectionSpec(tie_margin=0.02, min_sft_seeds=6, against="latest")
+    r = rank_bases(tabs, spec, default="L")
+    assert r.verdict == "beats_default" and r.recommended == "A" and r.top == "A" and r.default == "L"
+    d = np.subtract(_AGAINST["A"], _AGAINST["L"])
+    half = student_t.ppf(1 - 0.05 / (2 * 2), 5) * d.std(ddof=1) / math.sqrt(6)   # Bonferroni over k - 1 = 2
+    assert r.default_diff == pytest.approx(d.mean(), abs=1e-12)
+    assert r.default_ci == pytest.approx((d.mean() - half, d.mean() + half), abs=1e-9)
+    assert r.default_ci[0] > 0.02 and "B" in r.reason and "equivalent" in r.reason
+    s = r.summary(spec)
+    assert s["against"] == "latest" and s["default"] == "L" and s["verdict"] == "beats_default"
+    assert "against" not in plain.summary(SelectionSpec(tie_margin=0.02))   # earlier outputs stay byte-identical
+
+
+@pytest.mark.parametrize("values, default, verdict", [
+    ({"A": _AGAINST["A"], "L": _AGAINST["B"]}, "L", "no_clear_winner"),   # top within the margin of the default
+    ({"L": _AGAINST["A"], "B": _AGAINST["B"]}, "L", "no_clear_winner"),   # the default on top: never beats_default
+    (_AGAINST, None, "no_clear_winner"),                                  # the run names no default
+    ({"A": _AGAINST["A"], "B": _AGAINST["B"]}, "L", "no_clear_winner"),   # the default was not piloted
+])
+def test_against_default_needs_the_default_compared_and_beaten(tmp_path, values, default, verdict):
+    r = rank_bases(_tables(tmp_path, values), SelectionSpec(tie_margin=0.02, min_sft_seeds=6, against="latest"),
+                   default=default)
+    assert r.verdict == verdict and r.recommended is None
+    if default is None or default not in values:
+        assert any("only a clear winner" in n for n in r.notes)
+
+
+def test_against_default_respects_min_sft_seeds(tmp_path):
+    r = rank_bases(_tables(tmp_path, _AGAINST), SelectionSpec(tie_margin=0.02, min_sft_seeds=7, against="latest"),
+                   default="L")
+    assert r.verdict == "no_clear_winner" and r.reason.startswith("6 SFT seeds < min_sft_seeds 7")
+
+
+def test_select_against_latest_end_to_end(tmp_path, capsys):
+    d = make_score_run(tmp_path / "run")          # checkpoint-60 is the latest
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(PLAN.replace("decision: {tie_margin: 0.02}", "decision: {tie_margin: 0.02, against: latest}"))
+    lock_plan(plan, d, allow_weak=True)
+    shortlist(d, plan)
+    write_fake_pilot(d / "pilot", _truth((0.85, 0.45, 0.84)), n_items=3000)
+    r = select(d).ranking
+    assert r.verdict == "beats_default" and r.default == "checkpoint-60" and r.recommended == r.top
+    assert r.top in ("checkpoint-40", "checkpoint-50") and r.default_ci[0] > 0.02
+    js = json.loads((d / "selection.json").read_text())
+    assert js["decision"]["against"] == "latest" and js["decision"]["default"] == "checkpoint-60"
+    assert js["selection_plan"]["decision"]["against"] == "latest"
+    assert main(["select", str(d)]) == 0
+    assert "better than the default checkpoint-60" in capsys.readouterr().out
+
+
+def test_plan_against_must_name_a_naive_choice(tmp_path):
+    from probeselect.errors import ProbeSpecError
+    from probeselect.plan import load_selection_plan
+
+    p = tmp_path / "plan.yaml"
+    p.write_text(PLAN.replace("decision: {tie_margin: 0.02}", "decision: {tie_margin: 0.02, against: earliest}"))
+    with pytest.raises(ProbeSpecError, match=r"plan.yaml: selection.decision.against must be one of"):
+        load_selection_plan(p)

@@ -57,6 +57,10 @@ def _cmd_select(args: argparse.Namespace) -> int:
     if r.verdict == "winner":
         print(f"recommended: {r.recommended} ({r.top} - {r.runner_up} = {_fmt(r.diff)}, interval "
               f"{_fmt(r.diff_ci[0])} to {_fmt(r.diff_ci[1])}, P(top beats runner-up) {_fmt(r.p_top_beats_runner_up)})")
+    elif r.verdict == "beats_default":
+        lo, hi = r.default_ci or (None, None)
+        print(f"recommended: {r.recommended}, better than the default {r.default} ({r.top} - {r.default} = "
+              f"{_fmt(r.default_diff)}, interval {_fmt(lo)} to {_fmt(hi)}); {r.reason}")
     elif r.verdict == "no_clear_winner":
         ci = r.diff_ci or (None, None)
         print(f"no clear winner ({r.reason}): {r.top} vs {r.runner_up} difference {_fmt(r.diff)}, interval "

@@ -174,6 +174,11 @@ def confirm(run_dir: str | Path, recipe: str | Path, *, top: int = 2, overrides:
     if len(ranked) < top:
         notes.append(f"only {len(ranked)} piloted bases; confirming all of them (asked for {top}).")
     chosen = ranked[:top]
+    if spec.against and spec.against not in references:
+        # a plan that decides against the default needs the default at the confirmation budget too
+        references.append(spec.against)
+        notes.append(f"the plan decides against the {spec.against} checkpoint (selection.decision.against), so it is "
+                     "retrained as a reference.")
     refs: dict[str, list[str]] = {}
     if references:
         for base, rules in naive_choices(run_dir).items():
@@ -200,7 +205,8 @@ def confirm(run_dir: str | Path, recipe: str | Path, *, top: int = 2, overrides:
               **({"jobs": jobs} if jobs is not None else {}))
 
     tables = load_pilot_tables(out)
-    ranking = rank_bases(tables, spec, bases=chosen)
+    ranking = rank_bases(tables, spec, bases=chosen,
+                         default=next((b for b, rules in refs.items() if spec.against in rules), None))
     pilot_vals = {b["base"]: b["value"] for b in sel["bases"] if b["base"] in chosen and b.get("value") is not None}
     conf_vals = ranking.table.set_index("base")["value"].to_dict()
     tau, rev = compare_rankings(pilot_vals, conf_vals, spec.direction)

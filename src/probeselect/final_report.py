@@ -89,7 +89,7 @@ class ConfirmationStatus(NamedTuple):
     confirm_verdict: str | None
 
 
-_WINNING = ("winner", "single_eligible")
+_WINNING = ("winner", "single_eligible", "beats_default")
 
 
 def confirmation_status(sel: dict, conf: dict | None) -> ConfirmationStatus:
@@ -134,7 +134,9 @@ def _seed_counts(sel: dict) -> tuple[int, int | None]:
 
 
 def _verdict_words(v: str | None) -> str:
-    return {"winner": "a clear winner", "single_eligible": "the only eligible base", "no_clear_winner":
+    return {"winner": "a clear winner", "single_eligible": "the only eligible base",
+            "beats_default": "better than the default (the plan's decision.against), with equivalent bases",
+            "no_clear_winner":
             "no clear winner", "none_eligible": "no eligible base"}.get(str(v), str(v).replace("_", " "))
 
 
@@ -358,7 +360,10 @@ def _decision_section(sel: dict, conf: dict | None, diag: pd.DataFrame | None,
     # The headline: the pilot's verdict as qualified by the confirmation, so the top lines never contradict.
     if verdict in _WINNING:
         why = (f"It has the best {metric} ({direction} is better) among the bases that pass the transfer constraints"
-               if verdict == "winner" else "It is the only base that passes the transfer constraints (no comparison)")
+               if verdict == "winner" else
+               f"It beats the default `{d.get('default')}` ({d.get('against')}) by more than the tie margin on {metric}, "
+               f"though not every other base ({d.get('reason')})" if verdict == "beats_default" else
+               "It is the only base that passes the transfer constraints (no comparison)")
         if cs.status == "confirmed":
             items.append(f"**Recommended base: `{top}`**{few_txt}. {why}, and the confirmation at the intended budget "
                          f"names it {_verdict_words(cs.confirm_verdict)} too.")

@@ -397,6 +397,8 @@ class SelectionSpec:
     random_proxies: int | None = None
     min_sft_seeds: int = 3
     interval: str = "seeds"  # "seeds" | "seeds+items" (selection.decision.interval; see probeselect.select)
+    against: str | None = None  # selection.decision.against: a naive choice (REFERENCES) the top may be shown
+    #                             better than without beating every other base (verdict beats_default)
 
     def to_dict(self) -> dict[str, Any]:
         return {"primary": {"metric": self.primary, "direction": self.direction},
@@ -404,7 +406,8 @@ class SelectionSpec:
                 # the interval key only when it is not the default, so that the outputs of plans
                 # written before it existed stay byte-identical
                 "decision": {"rule": "interval_above_margin", "tie_margin": self.tie_margin,
-                             **({"interval": self.interval} if self.interval != "seeds" else {})},
+                             **({"interval": self.interval} if self.interval != "seeds" else {}),
+                             **({"against": self.against} if self.against else {})},
                 "uncertainty": {"bootstrap": self.bootstrap, "seed": self.seed, "level": self.level},
                 "selection_effect": {"random_proxies": self.random_proxies},
                 "min_sft_seeds": self.min_sft_seeds}
@@ -481,7 +484,7 @@ def selection_spec_from_dict(raw: Any, *, source: str = "<plan>") -> SelectionSp
     dec = raw.get("decision") or {}
     if not isinstance(dec, dict):
         raise ProbeSpecError(f"{src}: selection.decision must be a mapping like {{tie_margin: 0.02}}.")
-    _only(src, "selection.decision: ", dec, ("rule", "tie_margin", "interval"))
+    _only(src, "selection.decision: ", dec, ("rule", "tie_margin", "interval", "against"))
     if dec.get("rule", "interval_above_margin") != "interval_above_margin":
         raise ProbeSpecError(f"{src}: selection.decision.rule: only 'interval_above_margin' is defined "
                              f"(got {dec.get('rule')!r}).")
@@ -495,6 +498,10 @@ def selection_spec_from_dict(raw: Any, *, source: str = "<plan>") -> SelectionSp
                              f"value is the item mean; {metric!r} is token/byte weighted. Use `interval: seeds` or "
                              "an item-mean metric such as task_accuracy.")
     tie = _num(src, "selection.decision.tie_margin", dec.get("tie_margin", 0.0), minimum=0.0)
+    against = dec.get("against")
+    if against is not None and against not in REFERENCES:
+        raise ProbeSpecError(f"{src}: selection.decision.against must be one of {list(REFERENCES)} (the default a team "
+                             f"would post-train) or absent, got {against!r}.")
     unc = raw.get("uncertainty") or {}
     if not isinstance(unc, dict):
         raise ProbeSpecError(f"{src}: selection.uncertainty must be a mapping like {{bootstrap: 2000, seed: 0}}.")
@@ -513,7 +520,7 @@ def selection_spec_from_dict(raw: Any, *, source: str = "<plan>") -> SelectionSp
     min_seeds = _num(src, "selection.min_sft_seeds", raw.get("min_sft_seeds", 3), minimum=2, integer=True)
     return SelectionSpec(primary=metric, direction=direction, constraints=tuple(cons), tie_margin=tie,
                          bootstrap=boot, seed=seed, level=level, random_proxies=m, min_sft_seeds=min_seeds,
-                         interval=interval)
+                         interval=interval, against=against)
 
 
 def load_selection_plan(path: str | Path) -> SelectionPlan:

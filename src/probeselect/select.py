@@ -55,6 +55,15 @@ shortlist (``run_dir/shortlist.csv``), and writes ``selection.json`` and
   (one seed: no interval; fewer seeds than the plan's minimum; an interval overlaps the tie
   band [-margin, margin] or lies below it). ``selection.json`` records ``n_sft_seeds`` and
   ``min_sft_seeds``. With margin 0 the rule is "every interval excludes zero".
+* **Against the default** (``selection.decision.against: latest``, opt-in): when the top is no clear
+  winner but the default a team would post-train (the run's latest checkpoint, ``default=`` of
+  :func:`rank_bases`) is eligible and compared, is not the top, and the interval of (top - default)
+  lies above ``tie_margin``, the verdict is **beats_default** and the top is recommended: it is
+  better than the default, though not separated from every other base (those are equivalent
+  candidates at this budget, and ``reason`` names them). The intervals are the same ones (Bonferroni
+  over the top's k - 1 comparisons); for this claim they are exact: the k - 1 differences
+  "base - default" are a family fixed before the data, and the top's is one of them. The default
+  itself on top is never "beats_default" (it is a clear winner or no clear winner, as without the key).
 * **Proxy validation**: for each predeclared shortlist proxy (``score[<proxy>]`` of
   ``shortlist.csv``: the oriented quantity the shortlist ranks, higher = better; see
   :mod:`probeselect.shortlist`) and for the shortlist aggregate, the
@@ -178,6 +187,9 @@ class Ranking:
     t_critical: float | None = None  # the t quantile behind the difference intervals
     reason: str | None = None        # why there is no clear winner, when there is none
     min_sft_seeds: int = 3
+    default: str | None = None       # the base of selection.decision.against (None without the key)
+    default_diff: float | None = None               # top - default, in the better direction
+    default_ci: tuple[float, float] | None = None   # its interval (the same Bonferroni level)
 
     def summary(self, spec: SelectionSpec) -> dict[str, Any]:
         return {"verdict": self.verdict, "recommended": self.recommended, "top": self.top,
@@ -187,6 +199,9 @@ class Ranking:
                 "seeds": self.seeds, "n_items": self.n_items, "n_sft_seeds": len(self.seeds),
                 "min_sft_seeds": self.min_sft_seeds, "reason": self.reason, "n_comparisons": self.n_comparisons,
                 "t_critical": self.t_critical,
+                **({"against": spec.against, "default": self.default, "diff_vs_default": self.default_diff,
+                    "diff_vs_default_ci": list(self.default_ci) if self.default_ci else None}
+                   if spec.against else {}),
                 "interval": ("seed-level paired t, Bonferroni over the comparisons" if spec.interval == "seeds" else
                              "seeds + items (Satterthwaite t, at least the seed-level width), Bonferroni over "
                              "the comparisons")}
@@ -318,8 +333,21 @@ def _n_items(tables: PilotTables, metric: str, bases: list[str], seeds: list[int
     return None
 
 
-def rank_bases(tables: PilotTables, spec: SelectionSpec, *, bases: list[str] | None = None) -> Ranking:
+def default_base(run_dir: Path, spec: SelectionSpec) -> str | None:
+    """The checkpoint of the run that the plan's ``decision.against`` rule names (None without the key, or
+    when the run lacks the value the rule needs): :func:`probeselect.confirm.naive_choices`."""
+    if not spec.against:
+        return None
+    from .confirm import naive_choices
+
+    return next((b for b, rules in naive_choices(Path(run_dir)).items() if spec.against in rules), None)
+
+
+def rank_bases(tables: PilotTables, spec: SelectionSpec, *, bases: list[str] | None = None,
+               default: str | None = None) -> Ranking:
     """Rank the piloted ``bases`` (default: all in ``transfer.csv``) under ``spec`` (module docstring).
+    ``default``: the base ``spec.against`` names (e.g. the run's latest checkpoint, from
+    :func:`probeselect.confirm.naive_choices`); read only when the plan has ``decision.against``.
 
     Steps: the SFT seeds every base has (:func:`_common_seeds`), the per-seed values and their
     means, the constraints (:func:`_constraint_columns`), the per-base intervals, the eligible bases
@@ -365,13 +393,14 @@ def rank_bases(tables: PilotTables, spec: SelectionSpec, *, bases: list[str] | N
     table["transfer_rank"] = pd.Series(-sign * point.to_numpy(float)).rank(method="average").to_numpy()
     table = table.set_index("base").loc[elig + rest].reset_index()
 
-    dec = _decide(spec, point, elig, cmp, n_s, sign, notes)
+    dec = _decide(spec, point, elig, cmp, n_s, sign, notes, default=default)
     table["recommended"] = table["base"].eq(dec.recommended) if dec.recommended else False
     return Ranking(table=table, verdict=dec.verdict, recommended=dec.recommended, top=dec.top, runner_up=dec.runner_up,
                    diff=dec.diff, diff_ci=dec.diff_ci, p_top_beats_runner_up=dec.p_beat, seeds=seeds, n_items=n_i,
                    notes=notes, n_comparisons=len(elig) - 1 if len(elig) > 1 else 0,
                    t_critical=None if cmp is None or cmp.crit != cmp.crit else cmp.crit, reason=dec.reason,
-                   min_sft_seeds=spec.min_sft_seeds)
+                   min_sft_seeds=spec.min_sft_seeds, default=dec.default if spec.against else None,
+                   default_diff=dec.default_diff, default_ci=dec.default_ci)
 
 
 def _common_seeds(prim: pd.DataFrame, bases: list[str], spec: SelectionSpec, src: str, notes: list[str]) -> list[int]:
@@ -512,11 +541,15 @@ class _Decision(NamedTuple):
     diff: float | None
     diff_ci: tuple[float, float] | None
     p_beat: float | None
+    default: str | None = None
+    default_diff: float | None = None
+    default_ci: tuple[float, float] | None = None
 
 
 def _decide(spec: SelectionSpec, point: pd.Series, elig: list[str], cmp, n_s: int, sign: float,
-            notes: list[str]) -> _Decision:
-    """The verdict on the top eligible base against the runner-up (module docstring)."""
+            notes: list[str], default: str | None = None) -> _Decision:
+    """The verdict on the top eligible base against the runner-up, and against the plan's default
+    (``decision.against``) when the top is no clear winner (module docstring)."""
     top = elig[0] if elig else None
     ru = elig[1] if len(elig) > 1 else None
     diff = diff_ci = p_beat = None
@@ -549,7 +582,36 @@ def _decide(spec: SelectionSpec, point: pd.Series, elig: list[str], cmp, n_s: in
         else:
             verdict, rec = "no_clear_winner", None
             reason = "an interval of top - other overlaps the tie margin"
-    return _Decision(verdict, rec, top, ru, reason, diff, diff_ci, p_beat)
+    dflt = _against_default(spec, elig, cmp, default, notes)
+    if verdict == "no_clear_winner" and n_s >= max(2, spec.min_sft_seeds) and dflt[0] is not None \
+            and top != dflt[0] and dflt[2] is not None and dflt[2][0] > spec.tie_margin:
+        others = [b for j, b in enumerate(elig) if j and b != dflt[0] and not cmp.lo[j] > spec.tie_margin]
+        verdict, rec = "beats_default", top
+        reason = (f"{top} beats the default {dflt[0]} ({spec.against}) by more than the tie margin, but an interval "
+                  f"of top - other overlaps it for {', '.join(others)}: equivalent candidates at this budget")
+    return _Decision(verdict, rec, top, ru, reason, diff, diff_ci, p_beat, *dflt)
+
+
+def _against_default(spec: SelectionSpec, elig: list[str], cmp, default: str | None, notes: list[str]
+                     ) -> tuple[str | None, float | None, tuple[float, float] | None]:
+    """(default base, top - default, its interval) for ``decision.against``; Nones (and a note saying
+    why no "beats_default" verdict is possible) when the plan has no such key or the default was not
+    compared."""
+    if not spec.against:
+        return None, None, None
+    if default is None:
+        notes.append(f"the plan decides against the {spec.against} checkpoint, but the run names none (no checkpoint "
+                     "steps or held-out bpb): only a clear winner over every base is recommended.")
+        return None, None, None
+    if default not in elig:
+        notes.append(f"the plan decides against the {spec.against} checkpoint {default}, but it was not piloted or "
+                     "fails a transfer constraint: only a clear winner over every base is recommended.")
+        return default, None, None
+    j = elig.index(default)
+    if cmp is None or j == 0:
+        return default, (0.0 if j == 0 else None), None
+    ci = (float(cmp.lo[j]), float(cmp.hi[j])) if cmp.n_seeds >= 2 else None
+    return default, float(cmp.diff[j]), ci
 
 
 # ---------------------------------------------------------------------------
@@ -857,7 +919,7 @@ def select(run_dir: str | Path, *, plan_path: str | Path | None = None, pilot_di
     plan = load_selection_plan(status.plan_path)
     spec = plan.selection
     tables = load_pilot_tables(pilot_dir if pilot_dir is not None else run_dir / "pilot")
-    ranking = rank_bases(tables, spec)
+    ranking = rank_bases(tables, spec, default=default_base(run_dir, spec))
     sl_path = run_dir / "shortlist.csv"
     if not sl_path.is_file():
         raise SelectionError(f"{sl_path}: no shortlist; run `probeselect shortlist {run_dir} --plan {plan.path}` first.")
