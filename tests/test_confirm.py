@@ -278,3 +278,4 @@ def test_a_plan_against_the_latest_retrains_it_and_confirms_beats_default(tmp_pa
     assert res.ranking.verdict == "winner"                # two bases: beating the default is beating every other
     md = write_report(d).md.read_text()
     assert f"**Recommended base: `{sel.top}`**" in md and "beats the default `checkpoint-60` (latest)" in md
+    assert "against the default `checkpoint-60` (latest, the plan's `decision.against`): difference" in md

@@ -157,6 +157,31 @@ def test_select_summary_never_presents_a_non_winner_as_the_pick():
     r = SimpleNamespace(verdict="none_eligible", recommended=None, top=None, runner_up=None, reason=None,
                         p_top_beats_runner_up=None)
     assert _select_summary(r) == "no eligible base (none passes the transfer constraints)"
-    r = SimpleNamespace(verdict="clear_winner", recommended="step300", top="step300", runner_up="step100",
+    r = SimpleNamespace(verdict="winner", recommended="step300", top="step300", runner_up="step100",
                         reason=None, p_top_beats_runner_up=0.991)
     assert _select_summary(r) == "clear winner: step300, P(top beats runner-up) 0.99"
+    r = SimpleNamespace(verdict="single_eligible", recommended="step300", top="step300", runner_up=None, reason=None,
+                        p_top_beats_runner_up=None)
+    assert _select_summary(r) == "only eligible base: step300 (no comparison)"
+
+
+def test_select_summary_uses_the_verdicts_rank_bases_returns(tmp_path):
+    """The summary line is keyed on the verdict strings of the real ranking (a clear winner was once
+    summarised as "no clear winner" because the line looked for a verdict rank_bases never returns)."""
+    import pandas as pd
+
+    from probeselect.plan import SelectionSpec
+    from probeselect.run import _select_summary
+    from probeselect.select import PilotTables, rank_bases
+
+    def tables(vals):
+        return PilotTables(tmp_path, pd.DataFrame([dict(base=b, seed=s, metric="task_accuracy", value=v)
+                                                   for b, vs in vals.items() for s, v in enumerate(vs)]), None, None)
+
+    a, b, late = [0.90, 0.91, 0.89, 0.92], [0.90, 0.90, 0.90, 0.91], [0.50, 0.52, 0.49, 0.51]
+    r = rank_bases(tables({"a": a, "late": late}), SelectionSpec(tie_margin=0.02))
+    assert r.verdict == "winner" and _select_summary(r).startswith("clear winner: a, P(top beats runner-up) 1.00")
+    r = rank_bases(tables({"a": a, "b": b, "late": late}), SelectionSpec(tie_margin=0.02, against="latest"),
+                   default="late")
+    assert r.verdict == "beats_default"
+    assert _select_summary(r).startswith("better than the default late: a (interval lower end 0.")

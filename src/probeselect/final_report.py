@@ -397,6 +397,10 @@ def _decision_section(sel: dict, conf: dict | None, diag: pd.DataFrame | None,
                + f", {d.get('interval') or 'paired bootstrap over items and seeds'}; tie margin {_g(d.get('tie_margin'))})")
         if d.get("p_top_beats_runner_up") is not None:
             how += f"; `{top}` beats `{ru}` in {_pct(d.get('p_top_beats_runner_up'))} of resampled replicates"
+        dci = d.get("diff_vs_default_ci")
+        if d.get("against") and d.get("default") not in (None, top) and dci:
+            how += (f"; against the default `{d['default']}` ({d['against']}, the plan's `decision.against`): difference "
+                    f"{_g(d.get('diff_vs_default'))} ({_pct(level)} interval {_g(dci[0])} to {_g(dci[1])}, same level)")
         items.append(how + ".")
     elif top:
         items.append(f"**How sure**: {metric} of `{top}` {val(top)}, {scope}.")

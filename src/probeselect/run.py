@@ -255,10 +255,16 @@ class _Stage:
 
 
 def _select_summary(r) -> str:
-    """One line for the run summary: the verdict and, only for a clear winner, the base it names."""
+    """One line for the run summary: the verdict and, only for a recommendation, the base it names
+    (:class:`probeselect.select.Ranking` verdicts)."""
     p = f", P(top beats runner-up) {r.p_top_beats_runner_up:.2f}" if r.p_top_beats_runner_up is not None else ""
-    if r.verdict == "clear_winner":
+    if r.verdict == "winner":
         return f"clear winner: {r.recommended}{p}"
+    if r.verdict == "single_eligible":
+        return f"only eligible base: {r.recommended} (no comparison)"
+    if r.verdict == "beats_default":
+        lo = f" (interval lower end {r.default_ci[0]:.3g})" if r.default_ci else ""
+        return f"better than the default {r.default}: {r.recommended}{lo}; {r.reason}"
     if r.verdict == "none_eligible" or r.top is None:
         return "no eligible base (none passes the transfer constraints)"
     return (f"no clear winner ({r.reason or 'intervals overlap'}); best seed mean {r.top}"
