@@ -10,7 +10,8 @@ comparison after matched pilot SFT::
       constraints:                                          # on seed-mean transfer values
         - {metric: robust_recovery, min: 0.25}
         - {metric: termination, min: 0.5}
-      decision: {tie_margin: 0.02}      # in the primary metric's units; interval: seeds | seeds+items
+      decision: {tie_margin: 0.02}      # in the primary metric's units; interval: seeds | seeds+items;
+                                        # against: latest | lowest_bpb (verdict beats_default; select.py)
       uncertainty: {bootstrap: 2000, seed: 0, level: 0.95}
       selection_effect: {random_proxies: null}   # M random proxies; null = the number declared
 
