@@ -143,7 +143,8 @@ def add_parsers(sub) -> None:
     c.add_argument("--references", nargs="+", default=[], choices=CONFIRM_REFERENCES, metavar="RULE",
                    help="also retrain these naive choices next to the top N: latest (the ladder's latest "
                         "checkpoint), lowest_bpb (lowest pretraining held-out bits per byte); the confirmation then "
-                        "compares the pick with them at the intended budget")
+                        "compares the pick with them at the intended budget (a plan with selection.decision.against "
+                        "adds its rule itself)")
     c.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides (dotted keys)")
     c.add_argument("--device", default="auto", help=DEVICE_HELP)
     c.add_argument("--jobs", default=None, metavar="N",
