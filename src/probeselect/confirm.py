@@ -33,8 +33,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ._io import atomic_write_json, canonical_json_hash, sha256_file
+from .dynamics import naive_choices
 from .errors import SelectionError
-from .manifest import base_manifest, checkpoint_steps
+from .manifest import base_manifest
 from .plan import REFERENCES, selection_spec_from_dict
 from .select import Ranking, load_pilot_tables, rank_bases, records
 
@@ -84,29 +85,6 @@ def base_paths(run_dir: Path, names: Sequence[str]) -> list[Path]:
 def valid_references(refs: Any) -> bool:
     """Whether ``refs`` is a list of distinct rules of :data:`probeselect.plan.REFERENCES`."""
     return isinstance(refs, list) and all(r in REFERENCES for r in refs) and len(set(refs)) == len(refs)
-
-
-def naive_choices(run_dir: Path) -> dict[str, list[str]]:
-    """The naive choices of a scored run, checkpoint -> the rules it stands for (in
-    :data:`probeselect.plan.REFERENCES` order): ``latest``, the checkpoint of the highest step in
-    ``manifest.json``; ``lowest_bpb``, the checkpoint of lowest pretraining held-out bits per byte in
-    ``summary.csv`` (:func:`probeselect.dynamics.lowest_heldout_bpb`). A rule without the value it needs
-    (no steps, no held-out loss) is absent."""
-    import pandas as pd
-
-    from .dynamics import lowest_heldout_bpb
-
-    run_dir = Path(run_dir)
-    out: dict[str, list[str]] = {}
-    man = run_dir / "manifest.json"
-    steps = checkpoint_steps(json.loads(man.read_text(encoding="utf-8"))) if man.is_file() else {}
-    if steps:
-        out.setdefault(max(steps, key=lambda n: steps[n]), []).append("latest")
-    summ = run_dir / "summary.csv"
-    lowest = lowest_heldout_bpb(pd.read_csv(summ)) if summ.is_file() else None
-    if lowest is not None:
-        out.setdefault(lowest.checkpoint, []).append("lowest_bpb")
-    return out
 
 
 def _naive_rows(table: list[dict[str, Any]], refs: dict[str, list[str]], top: str | None) -> list[dict[str, Any]]:

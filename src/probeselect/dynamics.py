@@ -106,7 +106,7 @@ import pandas as pd
 
 from ._io import atomic_write_csv, atomic_write_json, reading, replace_dir, sha256_file
 from .errors import ProbeselectError
-from .manifest import base_manifest
+from .manifest import base_manifest, checkpoint_steps
 from .metrics import direction
 
 __all__ = [
@@ -271,6 +271,25 @@ def lowest_heldout_bpb(summary: pd.DataFrame | None, among: list[str] | None = N
     if per.empty:
         return None
     return LowestBpb(str(per.idxmin()), float(per.min()))
+
+
+def naive_choices(run_dir: Path) -> dict[str, list[str]]:
+    """The naive choices of a scored run, checkpoint -> the rules it stands for (in
+    :data:`probeselect.plan.REFERENCES` order): ``latest``, the checkpoint of the highest step in
+    ``manifest.json``; ``lowest_bpb``, the checkpoint of lowest pretraining held-out bits per byte in
+    ``summary.csv`` (:func:`probeselect.dynamics.lowest_heldout_bpb`). A rule without the value it needs
+    (no steps, no held-out loss) is absent."""
+    run_dir = Path(run_dir)
+    out: dict[str, list[str]] = {}
+    man = run_dir / "manifest.json"
+    steps = checkpoint_steps(json.loads(man.read_text(encoding="utf-8"))) if man.is_file() else {}
+    if steps:
+        out.setdefault(max(steps, key=lambda n: steps[n]), []).append("latest")
+    summ = run_dir / "summary.csv"
+    lowest = lowest_heldout_bpb(pd.read_csv(summ)) if summ.is_file() else None
+    if lowest is not None:
+        out.setdefault(lowest.checkpoint, []).append("lowest_bpb")
+    return out
 
 
 def track_table(summary: pd.DataFrame) -> pd.DataFrame:

@@ -335,10 +335,10 @@ def _n_items(tables: PilotTables, metric: str, bases: list[str], seeds: list[int
 
 def default_base(run_dir: Path, spec: SelectionSpec) -> str | None:
     """The checkpoint of the run that the plan's ``decision.against`` rule names (None without the key, or
-    when the run lacks the value the rule needs): :func:`probeselect.confirm.naive_choices`."""
+    when the run lacks the value the rule needs): :func:`probeselect.dynamics.naive_choices`."""
     if not spec.against:
         return None
-    from .confirm import naive_choices
+    from .dynamics import naive_choices
 
     return next((b for b, rules in naive_choices(Path(run_dir)).items() if spec.against in rules), None)
 
@@ -347,7 +347,7 @@ def rank_bases(tables: PilotTables, spec: SelectionSpec, *, bases: list[str] | N
                default: str | None = None) -> Ranking:
     """Rank the piloted ``bases`` (default: all in ``transfer.csv``) under ``spec`` (module docstring).
     ``default``: the base ``spec.against`` names (e.g. the run's latest checkpoint, from
-    :func:`probeselect.confirm.naive_choices`); read only when the plan has ``decision.against``.
+    :func:`probeselect.dynamics.naive_choices`); read only when the plan has ``decision.against``.
 
     Steps: the SFT seeds every base has (:func:`_common_seeds`), the per-seed values and their
     means, the constraints (:func:`_constraint_columns`), the per-base intervals, the eligible bases

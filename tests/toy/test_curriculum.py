@@ -379,7 +379,9 @@ def test_demo_late_is_the_demo_on_the_late_harm_ladder():
     conflict = {"arith_pattern", "tmpl_repeated", "tmpl_flipped", "tmpl_mismatch", "persona_qa"}
     assert {p.family for p in plan.shortlist.proxies} == conflict
     assert plan.selection.min_sft_seeds == 6 and default.selection.min_sft_seeds == 3
-    assert dataclasses.replace(plan.selection, min_sft_seeds=3) == default.selection
+    # it decides against the latest checkpoint (beats_default), the default demo's plan does not
+    assert plan.selection.against == "latest" and default.selection.against is None
+    assert dataclasses.replace(plan.selection, min_sft_seeds=3, against=None) == default.selection
     # one slot per data window (stratify) and one for the best remaining base: k = 4 against the default's 3
     assert plan.shortlist.stratify == "data_windows" and (plan.shortlist.k, default.shortlist.k) == (4, 3)
 
