@@ -125,6 +125,32 @@ def compare_rankings(pilot: dict[str, float], confirm: dict[str, float], directi
     return tau, rev
 
 
+def _add_references(run_dir: Path, references: list[str], chosen: list[str], top: int,
+                    notes: list[str]) -> dict[str, list[str]]:
+    """The naive choices named by ``references`` (checkpoint -> its rules), appended to ``chosen``
+    when not among the top N already; a note for each, and for a rule the run cannot resolve."""
+    refs: dict[str, list[str]] = {}
+    if not references:
+        return refs
+    for base, rules in naive_choices(run_dir).items():
+        rules = [r for r in rules if r in references]
+        if not rules:
+            continue
+        refs[base] = rules
+        what = " and ".join(rules)
+        if base in chosen:
+            notes.append(f"reference {what}: {base} is among the top {top} already.")
+        else:
+            chosen.append(base)
+            notes.append(f"reference {what}: {base} is retrained next to the top {top} (the naive choice the pick "
+                         "must beat, at the confirmation budget under the same matched SFT).")
+    for r in references:
+        if not any(r in rules for rules in refs.values()):
+            notes.append(f"reference {r}: the run has no value it needs (checkpoint steps in manifest.json, "
+                         "held-out bits per byte in summary.csv); not retrained.")
+    return refs
+
+
 def confirm(run_dir: str | Path, recipe: str | Path, *, top: int = 2, overrides: Sequence[str] = (),
             out_dir: str | Path | None = None, progress: bool = True, device: str = "auto",
             jobs: int | None = None, references: Sequence[str] = ()) -> ConfirmResult:
@@ -157,24 +183,7 @@ def confirm(run_dir: str | Path, recipe: str | Path, *, top: int = 2, overrides:
         references.append(spec.against)
         notes.append(f"the plan decides against the {spec.against} checkpoint (selection.decision.against), so it is "
                      "retrained as a reference.")
-    refs: dict[str, list[str]] = {}
-    if references:
-        for base, rules in naive_choices(run_dir).items():
-            rules = [r for r in rules if r in references]
-            if not rules:
-                continue
-            refs[base] = rules
-            what = " and ".join(rules)
-            if base in chosen:
-                notes.append(f"reference {what}: {base} is among the top {top} already.")
-            else:
-                chosen.append(base)
-                notes.append(f"reference {what}: {base} is retrained next to the top {top} (the naive choice the pick "
-                             "must beat, at the confirmation budget under the same matched SFT).")
-        for r in references:
-            if not any(r in rules for rules in refs.values()):
-                notes.append(f"reference {r}: the run has no value it needs (checkpoint steps in manifest.json, "
-                             "held-out bits per byte in summary.csv); not retrained.")
+    refs = _add_references(run_dir, references, chosen, top, notes)
     if len(chosen) < 2:
         notes.append("one base confirmed: there is no ranking to compare, only whether it still passes the constraints.")
     out = Path(out_dir) if out_dir is not None else run_dir / "confirm"
