@@ -279,3 +279,82 @@ def test_a_plan_against_the_latest_retrains_it_and_confirms_beats_default(tmp_pa
     md = write_report(d).md.read_text()
     assert f"**Recommended base: `{sel.top}`**" in md and "beats the default `checkpoint-60` (latest)" in md
     assert "against the default `checkpoint-60` (latest, the plan's `decision.against`): difference" in md
+
+
+def test_confirm_spec_retests_only_a_claim_the_pilot_made():
+    """``confirm_margin`` applies to a base the pilot recommended; without a pilot claim the confirmation
+    decides under the pilot's own margin, and a plan without the key is used as it is."""
+    from probeselect.plan import SelectionSpec
+
+    spec = SelectionSpec(tie_margin=0.02, against="latest", confirm_margin=0.0)
+    notes = []
+    assert confirm_mod.confirm_spec(spec, None, notes) is spec and notes == []
+    plain = SelectionSpec(tie_margin=0.02)
+    assert confirm_mod.confirm_spec(plain, "checkpoint-40", notes) is plain and notes == []
+    got = confirm_mod.confirm_spec(spec, "checkpoint-40", notes)
+    assert got.tie_margin == 0.0 and got.against == "latest" and spec.tie_margin == 0.02
+    assert len(notes) == 1 and "confirm_margin 0" in notes[0] and "checkpoint-40" in notes[0]
+
+
+def test_seed_overlap_names_the_shared_seeds():
+    notes = []
+    assert confirm_mod.seed_overlap([0, 1, 2], [6, 7, 8], notes) == [] and notes == []
+    assert confirm_mod.seed_overlap([0, 1, 2], [2, 3, 4], notes) == [2]
+    assert "reuses the pilot's SFT seeds [2]" in notes[0] and "not an independent replication" in notes[0]
+    assert confirm_mod.seed_overlap(None, [0], []) == []   # an old selection.json without seeds
+
+
+def test_decision_held_with_the_pilot_seeds_says_it_is_no_independent_replication(selected, monkeypatch):
+    truth = {"checkpoint-40": {"task_accuracy": 0.95, "termination": 0.9},
+             "checkpoint-60": {"task_accuracy": 0.5, "termination": 0.9}}
+    monkeypatch.setattr(confirm_mod, "_load_pilot_fn", _fake_pilot(truth, []))
+    confirm(selected, "recipes/confirm.yaml", top=2)
+    js = json.loads((selected / "confirm.json").read_text())
+    assert js["seeds_shared_with_pilot"] == [0, 1, 2]
+    assert any("not an independent replication" in n for n in js["notes"])
+
+
+def test_confirm_margin_zero_holds_a_claim_that_shrank_but_did_not_reverse(tmp_path, monkeypatch):
+    """The pilot shows checkpoint-40 better than the latest by more than the margin (0.02). At the
+    confirmation (other SFT seeds) the gap shrank: its interval lies above 0 but not above 0.02. With
+    ``confirm_margin: 0`` the claim holds, the record says with which margin, and the report says the claim was
+    re-tested; under the pilot's own margin the same numbers give no clear winner."""
+    from dataclasses import replace
+
+    from _selection_fakes import PLAN, make_score_run
+
+    from probeselect.plan import load_selection_plan
+    from probeselect.report import write_report
+    from probeselect.select import load_pilot_tables, rank_bases
+
+    d = make_score_run(tmp_path / "run")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(PLAN.replace("decision: {tie_margin: 0.02}",
+                                 "decision: {tie_margin: 0.02, against: latest, confirm_margin: 0}"))
+    lock_plan(plan, d, allow_weak=True)
+    shortlist(d, plan)
+    pilot = {"checkpoint-40": {"task_accuracy": 0.86, "termination": 0.9},
+             "checkpoint-50": {"task_accuracy": 0.85, "termination": 0.9},
+             "checkpoint-60": {"task_accuracy": 0.45, "termination": 0.9}}
+    write_fake_pilot(d / "pilot", pilot, n_items=3000, seeds=range(6))
+    sel = select(d).ranking
+    assert sel.verdict == "beats_default" and sel.recommended == "checkpoint-40"
+    later = {"checkpoint-40": {"task_accuracy": 0.86, "termination": 0.9},
+             "checkpoint-60": {"task_accuracy": 0.835, "termination": 0.9}}
+    monkeypatch.setattr(confirm_mod, "_load_pilot_fn",
+                        lambda: lambda bases, recipe, out_dir, **kw: write_fake_pilot(
+                            out_dir, {b.name: later[b.name] for b in bases}, n_items=3000, rng_seed=3,
+                            seeds=range(6, 12)))
+    res = confirm(d, "recipes/confirm.yaml", top=1)
+    lo = res.ranking.default_ci[0]
+    assert 0 < lo < 0.02                                   # the case: above 0, not above the pilot's margin
+    assert res.held is True and res.ranking.verdict == "winner" and res.ranking.top == "checkpoint-40"
+    js = json.loads((d / "confirm.json").read_text())
+    assert js["confirm_decision"]["tie_margin"] == 0.0 and "seeds_shared_with_pilot" not in js
+    assert any("confirm_margin 0" in n for n in js["notes"]) and "re-tested with margin 0" in js["statement"]
+    spec = load_selection_plan(plan).selection
+    plain = rank_bases(load_pilot_tables(d / "confirm"), replace(spec, confirm_margin=None),
+                       bases=["checkpoint-40", "checkpoint-60"], default="checkpoint-60")
+    assert plain.verdict == "no_clear_winner" and plain.default_ci[0] == pytest.approx(lo)
+    md = write_report(d).md.read_text()
+    assert "tie margin 0, not the pilot's 0.02" in md

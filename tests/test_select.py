@@ -518,3 +518,30 @@ def test_plan_against_must_name_a_naive_choice(tmp_path):
     p.write_text(PLAN.replace("decision: {tie_margin: 0.02}", "decision: {tie_margin: 0.02, against: earliest}"))
     with pytest.raises(ProbeSpecError, match=r"plan.yaml: selection.decision.against must be one of"):
         load_selection_plan(p)
+
+
+@pytest.mark.parametrize("decision, match", [
+    ("{tie_margin: 0.02, confirm_margin: 0.05}", r"plan.yaml: selection.decision.confirm_margin \(0.05\) is above "
+                                                 r"tie_margin \(0.02\)"),
+    ("{tie_margin: 0.02, confirm_margin: -0.01}", r"plan.yaml: selection.decision.confirm_margin must be >= 0"),
+    ("{tie_margin: 0.02, confirm_margin: low}", r"plan.yaml: selection.decision.confirm_margin must be a number"),
+])
+def test_plan_confirm_margin_is_checked(tmp_path, decision, match):
+    from probeselect.errors import ProbeSpecError
+    from probeselect.plan import load_selection_plan
+
+    p = tmp_path / "plan.yaml"
+    p.write_text(PLAN.replace("decision: {tie_margin: 0.02}", f"decision: {decision}"))
+    with pytest.raises(ProbeSpecError, match=match):
+        load_selection_plan(p)
+
+
+def test_plan_confirm_margin_is_written_only_when_set(tmp_path):
+    from probeselect.plan import load_selection_plan
+
+    p = tmp_path / "plan.yaml"
+    p.write_text(PLAN)
+    assert "confirm_margin" not in load_selection_plan(p).selection.to_dict()["decision"]
+    p.write_text(PLAN.replace("decision: {tie_margin: 0.02}", "decision: {tie_margin: 0.02, confirm_margin: 0}"))
+    spec = load_selection_plan(p).selection
+    assert spec.confirm_margin == 0.0 and spec.to_dict()["decision"]["confirm_margin"] == 0.0

@@ -26,7 +26,7 @@ difference to the confirmation's top, with its interval).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -36,7 +36,7 @@ from ._io import atomic_write_json, canonical_json_hash, sha256_file
 from .dynamics import naive_choices
 from .errors import SelectionError
 from .manifest import base_manifest
-from .plan import REFERENCES, selection_spec_from_dict
+from .plan import REFERENCES, SelectionSpec, selection_spec_from_dict
 from .select import Ranking, load_pilot_tables, rank_bases, records
 
 __all__ = ["ConfirmResult", "confirm", "compare_rankings", "base_paths", "naive_choices", "valid_references"]
@@ -151,6 +151,32 @@ def _add_references(run_dir: Path, references: list[str], chosen: list[str], top
     return refs
 
 
+def confirm_spec(spec: SelectionSpec, pilot_recommended: str | None, notes: list[str]) -> SelectionSpec:
+    """The rule the confirmation ranks with: the plan's, except that a claim the pilot made (a recommended base)
+    is re-tested with ``selection.decision.confirm_margin`` when the plan sets one. Without a pilot claim the
+    confirmation decides under the pilot's own margin (a weaker margin would give the pipeline a second, easier
+    chance to name a base)."""
+    if pilot_recommended is None or spec.confirm_margin is None or spec.confirm_margin == spec.tie_margin:
+        return spec
+    notes.append(f"the pilot's claim for {pilot_recommended} is re-tested with the plan's confirm_margin "
+                 f"{spec.confirm_margin:g} (selection.decision.confirm_margin), not the pilot's tie_margin "
+                 f"{spec.tie_margin:g}: at this budget the claim must not reverse; it need not clear the margin again.")
+    return replace(spec, tie_margin=spec.confirm_margin)
+
+
+def seed_overlap(pilot_seeds: Sequence[int] | None, confirm_seeds: Sequence[int], notes: list[str]) -> list[int]:
+    """SFT seeds the confirmation shares with the pilot (same data order and adapter initialisation), with a note
+    when there are any: the confirmation then re-measures the pilot's bases at a larger budget, but its noise is
+    not independent of the noise that put them on top, so it is no independent replication of the claim."""
+    shared = sorted(set(int(x) for x in pilot_seeds or ()) & set(int(x) for x in confirm_seeds))
+    if shared:
+        notes.append(f"the confirmation reuses the pilot's SFT seeds {shared} (same data order and adapter "
+                     "initialisation): its noise is not independent of the noise that ranked the pilot, so it is "
+                     "not an independent replication. Give the confirmation other seeds (an override such as "
+                     "seeds=[6, 7, 8]) for one.")
+    return shared
+
+
 def confirm(run_dir: str | Path, recipe: str | Path, *, top: int = 2, overrides: Sequence[str] = (),
             out_dir: str | Path | None = None, progress: bool = True, device: str = "auto",
             jobs: int | None = None, references: Sequence[str] = ()) -> ConfirmResult:
@@ -192,13 +218,15 @@ def confirm(run_dir: str | Path, recipe: str | Path, *, top: int = 2, overrides:
               **({"jobs": jobs} if jobs is not None else {}))
 
     tables = load_pilot_tables(out)
-    ranking = rank_bases(tables, spec, bases=chosen,
+    dec = sel["decision"]
+    pilot_rec = dec.get("recommended")
+    spec_c = confirm_spec(spec, pilot_rec, notes)
+    ranking = rank_bases(tables, spec_c, bases=chosen,
                          default=next((b for b, rules in refs.items() if spec.against in rules), None))
+    shared = seed_overlap(dec.get("seeds"), ranking.seeds, notes)
     pilot_vals = {b["base"]: b["value"] for b in sel["bases"] if b["base"] in chosen and b.get("value") is not None}
     conf_vals = ranking.table.set_index("base")["value"].to_dict()
     tau, rev = compare_rankings(pilot_vals, conf_vals, spec.direction)
-    dec = sel["decision"]
-    pilot_rec = dec.get("recommended")
     if pilot_rec is None:
         held = None
         statement = (f"The pilot named no winner ({dec.get('verdict', '?').replace('_', ' ')}); at the confirmation "
@@ -212,7 +240,9 @@ def confirm(run_dir: str | Path, recipe: str | Path, *, top: int = 2, overrides:
         statement = (f"The pilot decision {'held' if held else 'did NOT hold'}: {pilot_rec} is "
                      f"{'still' if held else 'no longer'} the best eligible base at the confirmation budget"
                      + ("" if held else f" ({ranking.top or 'no base'} is)") +
-                     f"; confirmation verdict: {ranking.verdict.replace('_', ' ')}.")
+                     f"; confirmation verdict: {ranking.verdict.replace('_', ' ')}"
+                     + (f" (the claim re-tested with margin {spec_c.tie_margin:g}, selection.decision.confirm_margin)"
+                        if spec_c is not spec else "") + ".")
     naive = _naive_rows(records(ranking.table), refs, ranking.top)
     for n in naive:
         what = " and ".join({"latest": "the latest checkpoint", "lowest_bpb": "the lowest held-out bpb"}[r]
@@ -247,9 +277,10 @@ def confirm(run_dir: str | Path, recipe: str | Path, *, top: int = 2, overrides:
         kendall_tau=tau,
         reversals=rev,
         pilot_decision={"verdict": dec.get("verdict"), "recommended": pilot_rec},
-        confirm_decision=ranking.summary(spec),
+        confirm_decision=ranking.summary(spec_c),
         confirm_table=records(ranking.table),
         held=held,
+        **({"seeds_shared_with_pilot": shared} if shared else {}),
         statement=statement,
         notes=notes + ranking.notes,
         inputs={f"confirm/{k}": v for k, v in tables.hashes().items()},

@@ -549,6 +549,16 @@ _STATUS_WORDS = {
 }
 
 
+def _margin_words(cd: dict, sel: dict | None) -> str:
+    """' (tie margin M: the pilot's claim re-tested ...)' when the confirmation ranked with another margin than the
+    pilot (selection.decision.confirm_margin); '' otherwise."""
+    m, pm = cd.get("tie_margin"), ((sel or {}).get("decision") or {}).get("tie_margin")
+    if m is None or pm is None or m == pm:
+        return ""
+    return (f" (tie margin {_g(m)}, not the pilot's {_g(pm)}: the plan's confirm_margin re-tests the pilot's claim, "
+            "which must not reverse)")
+
+
 def _confirm_section(conf: dict | None, sel: dict | None = None, run_dir: Path = Path(".")) -> Section:
     s = Section("Confirmation")
     if conf is None:
@@ -573,7 +583,8 @@ def _confirm_section(conf: dict | None, sel: dict | None = None, run_dir: Path =
                            "confirmation #"], rows))
     rev = conf.get("reversals", [])
     s.blocks.append(Bullets([f"Kendall tau (pilot vs confirmation): {fmt(conf.get('kendall_tau'))}.",
-                             f"Confirmation verdict: {str(cd.get('verdict', '?')).replace('_', ' ')}; P(top beats "
+                             f"Confirmation verdict: {str(cd.get('verdict', '?')).replace('_', ' ')}"
+                             f"{_margin_words(cd, sel)}; P(top beats "
                              f"runner-up) {_pct(cd.get('p_top_beats_runner_up'))}."] +
                             ([f"Reversal: `{r['pilot_ahead']}` ahead of `{r['confirm_ahead']}` in the pilot "
                               f"({fmt(r['pilot'][r['pilot_ahead']])} vs {fmt(r['pilot'][r['confirm_ahead']])}) but "

@@ -11,7 +11,9 @@ comparison after matched pilot SFT::
         - {metric: robust_recovery, min: 0.25}
         - {metric: termination, min: 0.5}
       decision: {tie_margin: 0.02}      # in the primary metric's units; interval: seeds | seeds+items;
-                                        # against: latest | lowest_bpb (verdict beats_default; select.py)
+                                        # against: latest | lowest_bpb (verdict beats_default; select.py);
+                                        # confirm_margin: the margin the confirmation's interval must clear
+                                        # when it re-tests the pilot's claim (default: tie_margin; confirm.py)
       uncertainty: {bootstrap: 2000, seed: 0, level: 0.95}
       selection_effect: {random_proxies: null}   # M random proxies; null = the number declared
 
@@ -400,6 +402,8 @@ class SelectionSpec:
     interval: str = "seeds"  # "seeds" | "seeds+items" (selection.decision.interval; see probeselect.select)
     against: str | None = None  # selection.decision.against: a naive choice (REFERENCES) the top may be shown
     #                             better than without beating every other base (verdict beats_default)
+    confirm_margin: float | None = None  # selection.decision.confirm_margin: the margin the confirmation must
+    #                                      clear when it re-tests a claim the pilot made (None = tie_margin)
 
     def to_dict(self) -> dict[str, Any]:
         return {"primary": {"metric": self.primary, "direction": self.direction},
@@ -408,7 +412,8 @@ class SelectionSpec:
                 # written before it existed stay byte-identical
                 "decision": {"rule": "interval_above_margin", "tie_margin": self.tie_margin,
                              **({"interval": self.interval} if self.interval != "seeds" else {}),
-                             **({"against": self.against} if self.against else {})},
+                             **({"against": self.against} if self.against else {}),
+                             **({"confirm_margin": self.confirm_margin} if self.confirm_margin is not None else {})},
                 "uncertainty": {"bootstrap": self.bootstrap, "seed": self.seed, "level": self.level},
                 "selection_effect": {"random_proxies": self.random_proxies},
                 "min_sft_seeds": self.min_sft_seeds}
@@ -485,7 +490,7 @@ def selection_spec_from_dict(raw: Any, *, source: str = "<plan>") -> SelectionSp
     dec = raw.get("decision") or {}
     if not isinstance(dec, dict):
         raise ProbeSpecError(f"{src}: selection.decision must be a mapping like {{tie_margin: 0.02}}.")
-    _only(src, "selection.decision: ", dec, ("rule", "tie_margin", "interval", "against"))
+    _only(src, "selection.decision: ", dec, ("rule", "tie_margin", "interval", "against", "confirm_margin"))
     if dec.get("rule", "interval_above_margin") != "interval_above_margin":
         raise ProbeSpecError(f"{src}: selection.decision.rule: only 'interval_above_margin' is defined "
                              f"(got {dec.get('rule')!r}).")
@@ -503,6 +508,12 @@ def selection_spec_from_dict(raw: Any, *, source: str = "<plan>") -> SelectionSp
     if against is not None and against not in REFERENCES:
         raise ProbeSpecError(f"{src}: selection.decision.against must be one of {list(REFERENCES)} (the default a team "
                              f"would post-train) or absent, got {against!r}.")
+    cm = dec.get("confirm_margin")
+    cm = None if cm is None else _num(src, "selection.decision.confirm_margin", cm, minimum=0.0)
+    if cm is not None and cm > tie:
+        raise ProbeSpecError(f"{src}: selection.decision.confirm_margin ({cm}) is above tie_margin ({tie}): the "
+                             "confirmation re-tests a claim the pilot made with tie_margin, so its margin is at most "
+                             "that (0 = the claim must not reverse). Lower it or remove the key.")
     unc = raw.get("uncertainty") or {}
     if not isinstance(unc, dict):
         raise ProbeSpecError(f"{src}: selection.uncertainty must be a mapping like {{bootstrap: 2000, seed: 0}}.")
@@ -521,7 +532,7 @@ def selection_spec_from_dict(raw: Any, *, source: str = "<plan>") -> SelectionSp
     min_seeds = _num(src, "selection.min_sft_seeds", raw.get("min_sft_seeds", 3), minimum=2, integer=True)
     return SelectionSpec(primary=metric, direction=direction, constraints=tuple(cons), tie_margin=tie,
                          bootstrap=boot, seed=seed, level=level, random_proxies=m, min_sft_seeds=min_seeds,
-                         interval=interval, against=against)
+                         interval=interval, against=against, confirm_margin=cm)
 
 
 def load_selection_plan(path: str | Path) -> SelectionPlan:
