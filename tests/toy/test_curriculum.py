@@ -381,7 +381,9 @@ def test_demo_late_is_the_demo_on_the_late_harm_ladder():
     assert plan.selection.min_sft_seeds == 6 and default.selection.min_sft_seeds == 3
     # it decides against the latest checkpoint (beats_default), the default demo's plan does not
     assert plan.selection.against == "latest" and default.selection.against is None
-    assert dataclasses.replace(plan.selection, min_sft_seeds=3, against=None) == default.selection
+    # and its confirmation re-tests a pilot claim with margin 0 (confirm_margin); the default demo's with its tie margin
+    assert plan.selection.confirm_margin == 0.0 and default.selection.confirm_margin is None
+    assert dataclasses.replace(plan.selection, min_sft_seeds=3, against=None, confirm_margin=None) == default.selection
     # one slot per data window (stratify) and one for the best remaining base: k = 4 against the default's 3
     assert plan.shortlist.stratify == "data_windows" and (plan.shortlist.k, default.shortlist.k) == (4, 3)
 
