@@ -282,25 +282,32 @@ def test_a_plan_against_the_latest_retrains_it_and_confirms_beats_default(tmp_pa
 
 
 def test_confirm_spec_retests_only_a_claim_the_pilot_made():
-    """``confirm_margin`` applies to a base the pilot recommended; without a pilot claim the confirmation
-    decides under the pilot's own margin, and a plan without the key is used as it is."""
+    """``confirm_margin`` applies to a comparison the pilot claimed (winner or beats_default); without one
+    (no clear winner, or a single eligible base: no comparison) the confirmation decides under the pilot's own
+    margin, and a plan without the key is used as it is."""
     from probeselect.plan import SelectionSpec
 
     spec = SelectionSpec(tie_margin=0.02, against="latest", confirm_margin=0.0)
     notes = []
-    assert confirm_mod.confirm_spec(spec, None, notes) is spec and notes == []
+    assert confirm_mod.confirm_spec(spec, {"verdict": "no_clear_winner", "recommended": None}, notes) is spec
+    assert confirm_mod.confirm_spec(spec, {"verdict": "single_eligible", "recommended": "checkpoint-40"},
+                                    notes) is spec and notes == []
     plain = SelectionSpec(tie_margin=0.02)
-    assert confirm_mod.confirm_spec(plain, "checkpoint-40", notes) is plain and notes == []
-    got = confirm_mod.confirm_spec(spec, "checkpoint-40", notes)
-    assert got.tie_margin == 0.0 and got.against == "latest" and spec.tie_margin == 0.02
-    assert len(notes) == 1 and "confirm_margin 0" in notes[0] and "checkpoint-40" in notes[0]
+    assert confirm_mod.confirm_spec(plain, {"verdict": "winner", "recommended": "checkpoint-40"}, notes) is plain
+    assert notes == []
+    for verdict in ("winner", "beats_default"):
+        notes = []
+        got = confirm_mod.confirm_spec(spec, {"verdict": verdict, "recommended": "checkpoint-40"}, notes)
+        assert got.tie_margin == 0.0 and got.against == "latest" and spec.tie_margin == 0.02
+        assert len(notes) == 1 and "confirm_margin 0" in notes[0] and "checkpoint-40" in notes[0]
 
 
-def test_seed_overlap_names_the_shared_seeds():
+def test_seed_overlap_names_the_shared_seeds_and_suggests_fresh_ones():
     notes = []
     assert confirm_mod.seed_overlap([0, 1, 2], [6, 7, 8], notes) == [] and notes == []
     assert confirm_mod.seed_overlap([0, 1, 2], [2, 3, 4], notes) == [2]
     assert "reuses the pilot's SFT seeds [2]" in notes[0] and "not an independent replication" in notes[0]
+    assert "seeds=[5, 6, 7]" in notes[0]                 # past every seed either stage used
     assert confirm_mod.seed_overlap(None, [0], []) == []   # an old selection.json without seeds
 
 
@@ -352,9 +359,44 @@ def test_confirm_margin_zero_holds_a_claim_that_shrank_but_did_not_reverse(tmp_p
     js = json.loads((d / "confirm.json").read_text())
     assert js["confirm_decision"]["tie_margin"] == 0.0 and "seeds_shared_with_pilot" not in js
     assert any("confirm_margin 0" in n for n in js["notes"]) and "re-tested with margin 0" in js["statement"]
+    assert js["retest_margin"] == 0.0
     spec = load_selection_plan(plan).selection
     plain = rank_bases(load_pilot_tables(d / "confirm"), replace(spec, confirm_margin=None),
                        bases=["checkpoint-40", "checkpoint-60"], default="checkpoint-60")
     assert plain.verdict == "no_clear_winner" and plain.default_ci[0] == pytest.approx(lo)
     md = write_report(d).md.read_text()
     assert "tie margin 0, not the pilot's 0.02" in md
+    # every line that says "confirmed" says with which margin (front page, headline, confirmation bullet, section)
+    assert "confirmed at the intended budget (re-tested with margin 0, the plan's confirm_margin: the claim did not " \
+           "reverse" in md
+    assert md.count("re-tested with margin 0, the plan's confirm_margin") == 4
+
+
+def test_confirm_margin_zero_still_refuses_a_claim_that_reversed(tmp_path, monkeypatch):
+    """Margin 0 is no free pass: the pilot's claim (checkpoint-40 better than the latest) reverses at the
+    confirmation budget (the latest ahead), the decision does not hold, and no line says "confirmed"."""
+    from _selection_fakes import PLAN, make_score_run
+
+    from probeselect.report import write_report
+
+    d = make_score_run(tmp_path / "run")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(PLAN.replace("decision: {tie_margin: 0.02}",
+                                 "decision: {tie_margin: 0.02, against: latest, confirm_margin: 0}"))
+    lock_plan(plan, d, allow_weak=True)
+    shortlist(d, plan)
+    write_fake_pilot(d / "pilot", {"checkpoint-40": {"task_accuracy": 0.86, "termination": 0.9},
+                                   "checkpoint-50": {"task_accuracy": 0.85, "termination": 0.9},
+                                   "checkpoint-60": {"task_accuracy": 0.45, "termination": 0.9}},
+                     n_items=3000, seeds=range(6))
+    assert select(d).ranking.recommended == "checkpoint-40"
+    later = {"checkpoint-40": {"task_accuracy": 0.80, "termination": 0.9},
+             "checkpoint-60": {"task_accuracy": 0.88, "termination": 0.9}}
+    monkeypatch.setattr(confirm_mod, "_load_pilot_fn",
+                        lambda: lambda bases, recipe, out_dir, **kw: write_fake_pilot(
+                            out_dir, {b.name: later[b.name] for b in bases}, n_items=3000, rng_seed=3,
+                            seeds=range(6, 12)))
+    res = confirm(d, "recipes/confirm.yaml", top=1)
+    assert res.held is False and res.ranking.top == "checkpoint-60"
+    md = write_report(d).md.read_text()
+    assert "Pilot pick `checkpoint-40` not confirmed" in md and "re-tested with margin" not in md

@@ -65,7 +65,8 @@ def _headline(sel: dict, cs, n_seeds: int, min_seeds: int | None) -> Headline:
     few = min_seeds is not None and n_seeds < min_seeds
     prov = f" (provisional: {n_seeds} of the {min_seeds} SFT seeds the plan requires)" if few else ""
     if verdict in ("winner", "single_eligible", "beats_default"):
-        line1 = {"confirmed": f"**Recommended base: `{top}`**{prov}, confirmed at the intended budget.",
+        line1 = {"confirmed": f"**Recommended base: `{top}`**{prov}, confirmed at the intended budget"
+                              f"{cs.retest_words()}.",
                  "not_run": f"**Recommended base (pilot only, not yet confirmed): `{top}`**{prov}.",
                  "not_included": f"**Pilot pick `{top}` not confirmed**{prov}: the confirmation did not retrain it."}.get(
             cs.status, f"**Pilot pick `{top}` not confirmed**{prov}: no recommendation stands.")

@@ -151,12 +151,17 @@ def _add_references(run_dir: Path, references: list[str], chosen: list[str], top
     return refs
 
 
-def confirm_spec(spec: SelectionSpec, pilot_recommended: str | None, notes: list[str]) -> SelectionSpec:
-    """The rule the confirmation ranks with: the plan's, except that a claim the pilot made (a recommended base)
-    is re-tested with ``selection.decision.confirm_margin`` when the plan sets one. Without a pilot claim the
-    confirmation decides under the pilot's own margin (a weaker margin would give the pipeline a second, easier
-    chance to name a base)."""
-    if pilot_recommended is None or spec.confirm_margin is None or spec.confirm_margin == spec.tie_margin:
+CLAIMS = ("winner", "beats_default")  # pilot verdicts that claim a comparison the confirmation can re-test
+
+
+def confirm_spec(spec: SelectionSpec, pilot_decision: dict[str, Any], notes: list[str]) -> SelectionSpec:
+    """The rule the confirmation ranks with: the plan's, except that a comparison the pilot claimed (verdict
+    ``winner`` or ``beats_default``) is re-tested with ``selection.decision.confirm_margin`` when the plan sets
+    one. Without such a claim (no clear winner, or a single eligible base: no comparison) the confirmation
+    decides under the pilot's own margin (a weaker margin would give the pipeline a second, easier chance)."""
+    pilot_recommended = pilot_decision.get("recommended")
+    if (pilot_recommended is None or pilot_decision.get("verdict") not in CLAIMS or spec.confirm_margin is None
+            or spec.confirm_margin == spec.tie_margin):
         return spec
     notes.append(f"the pilot's claim for {pilot_recommended} is re-tested with the plan's confirm_margin "
                  f"{spec.confirm_margin:g} (selection.decision.confirm_margin), not the pilot's tie_margin "
@@ -167,13 +172,18 @@ def confirm_spec(spec: SelectionSpec, pilot_recommended: str | None, notes: list
 def seed_overlap(pilot_seeds: Sequence[int] | None, confirm_seeds: Sequence[int], notes: list[str]) -> list[int]:
     """SFT seeds the confirmation shares with the pilot (same data order and adapter initialisation), with a note
     when there are any: the confirmation then re-measures the pilot's bases at a larger budget, but its noise is
-    not independent of the noise that put them on top, so it is no independent replication of the claim."""
-    shared = sorted(set(int(x) for x in pilot_seeds or ()) & set(int(x) for x in confirm_seeds))
+    not independent of the noise that put them on top, so it is no independent replication of the claim.
+    ``confirm_seeds``: every seed the confirmation trained (its transfer table), not only those all bases share."""
+    pilot = set(int(x) for x in pilot_seeds or ())
+    confirm_set = set(int(x) for x in confirm_seeds)
+    shared = sorted(pilot & confirm_set)
     if shared:
+        start = max(pilot | confirm_set) + 1
+        fresh = ", ".join(str(start + i) for i in range(len(confirm_set)))
         notes.append(f"the confirmation reuses the pilot's SFT seeds {shared} (same data order and adapter "
                      "initialisation): its noise is not independent of the noise that ranked the pilot, so it is "
-                     "not an independent replication. Give the confirmation other seeds (an override such as "
-                     "seeds=[6, 7, 8]) for one.")
+                     f"not an independent replication. Give the confirmation other seeds (an override such as "
+                     f"seeds=[{fresh}]) for one.")
     return shared
 
 
@@ -220,10 +230,10 @@ def confirm(run_dir: str | Path, recipe: str | Path, *, top: int = 2, overrides:
     tables = load_pilot_tables(out)
     dec = sel["decision"]
     pilot_rec = dec.get("recommended")
-    spec_c = confirm_spec(spec, pilot_rec, notes)
+    spec_c = confirm_spec(spec, dec, notes)
     ranking = rank_bases(tables, spec_c, bases=chosen,
                          default=next((b for b, rules in refs.items() if spec.against in rules), None))
-    shared = seed_overlap(dec.get("seeds"), ranking.seeds, notes)
+    shared = seed_overlap(dec.get("seeds"), tables.transfer["seed"].unique().tolist(), notes)
     pilot_vals = {b["base"]: b["value"] for b in sel["bases"] if b["base"] in chosen and b.get("value") is not None}
     conf_vals = ranking.table.set_index("base")["value"].to_dict()
     tau, rev = compare_rankings(pilot_vals, conf_vals, spec.direction)
@@ -280,6 +290,7 @@ def confirm(run_dir: str | Path, recipe: str | Path, *, top: int = 2, overrides:
         confirm_decision=ranking.summary(spec_c),
         confirm_table=records(ranking.table),
         held=held,
+        **({"retest_margin": spec_c.tie_margin} if spec_c is not spec else {}),
         **({"seeds_shared_with_pilot": shared} if shared else {}),
         statement=statement,
         notes=notes + ranking.notes,

@@ -87,6 +87,15 @@ class ConfirmationStatus(NamedTuple):
     pilot_pick: str | None
     confirm_top: str | None
     confirm_verdict: str | None
+    retest_margin: float | None = None  # confirm.json's retest_margin: the pilot's claim re-tested with this margin
+
+    def retest_words(self) -> str:
+        """'' or ' (re-tested with margin M, the plan's confirm_margin: the claim did not reverse; it did not clear
+        the tie margin again)' for a confirmation that ranked with another margin than the pilot."""
+        if self.status != "confirmed" or self.retest_margin is None:
+            return ""
+        return (f" (re-tested with margin {_g(self.retest_margin)}, the plan's confirm_margin: the claim did not "
+                "reverse; it was not required to clear the tie margin again)")
 
 
 _WINNING = ("winner", "single_eligible", "beats_default")
@@ -118,7 +127,7 @@ def confirmation_status(sel: dict, conf: dict | None) -> ConfirmationStatus:
     if pick not in (conf.get("bases") or []):
         return ConfirmationStatus("not_included", pick, ctop, cverdict)
     if ctop == pick and cverdict in _WINNING:
-        return ConfirmationStatus("confirmed", pick, ctop, cverdict)
+        return ConfirmationStatus("confirmed", pick, ctop, cverdict, conf.get("retest_margin"))
     return ConfirmationStatus("not_confirmed", pick, ctop, cverdict)
 
 
@@ -366,7 +375,7 @@ def _decision_section(sel: dict, conf: dict | None, diag: pd.DataFrame | None,
                "It is the only base that passes the transfer constraints (no comparison)")
         if cs.status == "confirmed":
             items.append(f"**Recommended base: `{top}`**{few_txt}. {why}, and the confirmation at the intended budget "
-                         f"names it {_verdict_words(cs.confirm_verdict)} too.")
+                         f"names it {_verdict_words(cs.confirm_verdict)} too{cs.retest_words()}.")
         elif cs.status == "not_run":
             items.append(f"**Recommended base (pilot only, not yet confirmed): `{top}`**{few_txt}. {why}.")
         elif cs.status == "not_included":
@@ -418,7 +427,7 @@ def _decision_section(sel: dict, conf: dict | None, diag: pd.DataFrame | None,
         there = (f"at the confirmation budget `{cs.confirm_top or 'no base'}` is best "
                  f"({_verdict_words(cs.confirm_verdict)})")
         if cs.status == "confirmed":
-            items.append(f"**Confirmation confirms `{cs.pilot_pick}`**: {there}." + tail)
+            items.append(f"**Confirmation confirms `{cs.pilot_pick}`**: {there}{cs.retest_words()}." + tail)
         elif cs.status == "not_confirmed":
             items.append(f"**Confirmation does not confirm `{cs.pilot_pick}`**: {there}." + tail)
         elif cs.status == "not_included":
@@ -549,11 +558,11 @@ _STATUS_WORDS = {
 }
 
 
-def _margin_words(cd: dict, sel: dict | None) -> str:
-    """' (tie margin M: the pilot's claim re-tested ...)' when the confirmation ranked with another margin than the
-    pilot (selection.decision.confirm_margin); '' otherwise."""
-    m, pm = cd.get("tie_margin"), ((sel or {}).get("decision") or {}).get("tie_margin")
-    if m is None or pm is None or m == pm:
+def _margin_words(conf: dict, sel: dict | None) -> str:
+    """' (tie margin M, not the pilot's P: ...)' when the confirmation re-tested the pilot's claim with the plan's
+    confirm_margin (confirm.json's retest_margin); '' otherwise."""
+    m, pm = conf.get("retest_margin"), ((sel or {}).get("decision") or {}).get("tie_margin")
+    if m is None:
         return ""
     return (f" (tie margin {_g(m)}, not the pilot's {_g(pm)}: the plan's confirm_margin re-tests the pilot's claim, "
             "which must not reverse)")
@@ -568,7 +577,8 @@ def _confirm_section(conf: dict | None, sel: dict | None = None, run_dir: Path =
     prim = conf["primary"]["metric"]
     cd = conf.get("confirm_decision", {})
     cs = confirmation_status(sel or {}, conf)
-    said = _STATUS_WORDS.get(cs.status, "{top}").format(pick=cs.pilot_pick, top=cs.confirm_top or "no base",
+    said = _STATUS_WORDS.get(cs.status, "{top}").replace(" at the intended budget.", " at the intended budget"
+                                                         + cs.retest_words() + ".").format(pick=cs.pilot_pick, top=cs.confirm_top or "no base",
                                                         cv=_verdict_words(cs.confirm_verdict))
     recipe = shown_path(conf["config"].get("recipe"), run_dir)
     s.blocks.append(Para(f"Recipe `{recipe}` (sha256 `{str(conf.get('recipe_sha256'))[:12]}`), "
@@ -584,7 +594,7 @@ def _confirm_section(conf: dict | None, sel: dict | None = None, run_dir: Path =
     rev = conf.get("reversals", [])
     s.blocks.append(Bullets([f"Kendall tau (pilot vs confirmation): {fmt(conf.get('kendall_tau'))}.",
                              f"Confirmation verdict: {str(cd.get('verdict', '?')).replace('_', ' ')}"
-                             f"{_margin_words(cd, sel)}; P(top beats "
+                             f"{_margin_words(conf, sel)}; P(top beats "
                              f"runner-up) {_pct(cd.get('p_top_beats_runner_up'))}."] +
                             ([f"Reversal: `{r['pilot_ahead']}` ahead of `{r['confirm_ahead']}` in the pilot "
                               f"({fmt(r['pilot'][r['pilot_ahead']])} vs {fmt(r['pilot'][r['confirm_ahead']])}) but "
