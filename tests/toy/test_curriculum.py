@@ -365,10 +365,11 @@ def test_demo_late_is_the_demo_on_the_late_harm_ladder():
     late = load_yaml(ROOT / "recipes" / "demo-late.yaml")
     assert late["ladder"] == {"toy": {"seed": 0, "curriculum": "late-harm"}}
     assert late["plan"] == "recipes/selection-late-harm.yaml" and late["out"] == "results/demo-late"
-    six = "seeds=[0, 1, 2, 3, 4, 5]"
-    for stage in ("pilot", "confirm"):
+    # 6 SFT seeds in both stages; the confirmation's are not the pilot's (an independent replication)
+    for stage, six, seeds in (("pilot", "seeds=[0, 1, 2, 3, 4, 5]", (0, 1, 2, 3, 4, 5)),
+                              ("confirm", "seeds=[6, 7, 8, 9, 10, 11]", (6, 7, 8, 9, 10, 11))):
         assert late[stage]["overrides"] == [six] + demo[stage]["overrides"]
-        assert load_recipe(ROOT / late[stage]["recipe"], [six], check_files=False).seeds == (0, 1, 2, 3, 4, 5)
+        assert load_recipe(ROOT / late[stage]["recipe"], [six], check_files=False).seeds == seeds
     drop = ("ladder", "plan", "out", "pilot", "confirm")
     assert {k: v for k, v in late.items() if k not in drop} == {k: v for k, v in demo.items() if k not in drop}
     for stage in ("pilot", "confirm"):
