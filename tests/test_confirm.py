@@ -321,18 +321,11 @@ def test_decision_held_with_the_pilot_seeds_says_it_is_no_independent_replicatio
     assert any("not an independent replication" in n for n in js["notes"])
 
 
-def test_confirm_margin_zero_holds_a_claim_that_shrank_but_did_not_reverse(tmp_path, monkeypatch):
-    """The pilot shows checkpoint-40 better than the latest by more than the margin (0.02). At the
-    confirmation (other SFT seeds) the gap shrank: its interval lies above 0 but not above 0.02. With
-    ``confirm_margin: 0`` the claim holds, the record says with which margin, and the report says the claim was
-    re-tested; under the pilot's own margin the same numbers give no clear winner."""
-    from dataclasses import replace
-
+def _claim_against_latest(tmp_path, monkeypatch, later):
+    """A run whose pilot (6 seeds) shows checkpoint-40 better than the latest (checkpoint-60) under a plan with
+    ``against: latest, confirm_margin: 0``; the confirmation (seeds 6-11) draws from ``later``. Returns
+    (run dir, plan path, the pilot ranking)."""
     from _selection_fakes import PLAN, make_score_run
-
-    from probeselect.plan import load_selection_plan
-    from probeselect.report import write_report
-    from probeselect.select import load_pilot_tables, rank_bases
 
     d = make_score_run(tmp_path / "run")
     plan = tmp_path / "plan.yaml"
@@ -340,18 +333,33 @@ def test_confirm_margin_zero_holds_a_claim_that_shrank_but_did_not_reverse(tmp_p
                                  "decision: {tie_margin: 0.02, against: latest, confirm_margin: 0}"))
     lock_plan(plan, d, allow_weak=True)
     shortlist(d, plan)
-    pilot = {"checkpoint-40": {"task_accuracy": 0.86, "termination": 0.9},
-             "checkpoint-50": {"task_accuracy": 0.85, "termination": 0.9},
-             "checkpoint-60": {"task_accuracy": 0.45, "termination": 0.9}}
-    write_fake_pilot(d / "pilot", pilot, n_items=3000, seeds=range(6))
+    write_fake_pilot(d / "pilot", {"checkpoint-40": {"task_accuracy": 0.86, "termination": 0.9},
+                                   "checkpoint-50": {"task_accuracy": 0.85, "termination": 0.9},
+                                   "checkpoint-60": {"task_accuracy": 0.45, "termination": 0.9}},
+                     n_items=3000, seeds=range(6))
     sel = select(d).ranking
-    assert sel.verdict == "beats_default" and sel.recommended == "checkpoint-40"
-    later = {"checkpoint-40": {"task_accuracy": 0.86, "termination": 0.9},
-             "checkpoint-60": {"task_accuracy": 0.835, "termination": 0.9}}
     monkeypatch.setattr(confirm_mod, "_load_pilot_fn",
                         lambda: lambda bases, recipe, out_dir, **kw: write_fake_pilot(
                             out_dir, {b.name: later[b.name] for b in bases}, n_items=3000, rng_seed=3,
                             seeds=range(6, 12)))
+    return d, plan, sel
+
+
+def test_confirm_margin_zero_holds_a_claim_that_shrank_but_did_not_reverse(tmp_path, monkeypatch):
+    """The pilot shows checkpoint-40 better than the latest by more than the margin (0.02). At the
+    confirmation (other SFT seeds) the gap shrank: its interval lies above 0 but not above 0.02. With
+    ``confirm_margin: 0`` the claim holds, the record says with which margin, and the report says the claim was
+    re-tested; under the pilot's own margin the same numbers give no clear winner."""
+    from dataclasses import replace
+
+    from probeselect.plan import load_selection_plan
+    from probeselect.report import write_report
+    from probeselect.select import load_pilot_tables, rank_bases
+
+    d, plan, sel = _claim_against_latest(tmp_path, monkeypatch,
+                                         {"checkpoint-40": {"task_accuracy": 0.86, "termination": 0.9},
+                                          "checkpoint-60": {"task_accuracy": 0.835, "termination": 0.9}})
+    assert sel.verdict == "beats_default" and sel.recommended == "checkpoint-40"
     res = confirm(d, "recipes/confirm.yaml", top=1)
     lo = res.ranking.default_ci[0]
     assert 0 < lo < 0.02                                   # the case: above 0, not above the pilot's margin
@@ -375,27 +383,12 @@ def test_confirm_margin_zero_holds_a_claim_that_shrank_but_did_not_reverse(tmp_p
 def test_confirm_margin_zero_still_refuses_a_claim_that_reversed(tmp_path, monkeypatch):
     """Margin 0 is no free pass: the pilot's claim (checkpoint-40 better than the latest) reverses at the
     confirmation budget (the latest ahead), the decision does not hold, and no line says "confirmed"."""
-    from _selection_fakes import PLAN, make_score_run
-
     from probeselect.report import write_report
 
-    d = make_score_run(tmp_path / "run")
-    plan = tmp_path / "plan.yaml"
-    plan.write_text(PLAN.replace("decision: {tie_margin: 0.02}",
-                                 "decision: {tie_margin: 0.02, against: latest, confirm_margin: 0}"))
-    lock_plan(plan, d, allow_weak=True)
-    shortlist(d, plan)
-    write_fake_pilot(d / "pilot", {"checkpoint-40": {"task_accuracy": 0.86, "termination": 0.9},
-                                   "checkpoint-50": {"task_accuracy": 0.85, "termination": 0.9},
-                                   "checkpoint-60": {"task_accuracy": 0.45, "termination": 0.9}},
-                     n_items=3000, seeds=range(6))
-    assert select(d).ranking.recommended == "checkpoint-40"
-    later = {"checkpoint-40": {"task_accuracy": 0.80, "termination": 0.9},
-             "checkpoint-60": {"task_accuracy": 0.88, "termination": 0.9}}
-    monkeypatch.setattr(confirm_mod, "_load_pilot_fn",
-                        lambda: lambda bases, recipe, out_dir, **kw: write_fake_pilot(
-                            out_dir, {b.name: later[b.name] for b in bases}, n_items=3000, rng_seed=3,
-                            seeds=range(6, 12)))
+    d, _, sel = _claim_against_latest(tmp_path, monkeypatch,
+                                      {"checkpoint-40": {"task_accuracy": 0.80, "termination": 0.9},
+                                       "checkpoint-60": {"task_accuracy": 0.88, "termination": 0.9}})
+    assert sel.recommended == "checkpoint-40"
     res = confirm(d, "recipes/confirm.yaml", top=1)
     assert res.held is False and res.ranking.top == "checkpoint-60"
     md = write_report(d).md.read_text()
