@@ -76,6 +76,7 @@ if str(ROOT / "src") not in sys.path:
 
 from probeselect._io import atomic_write_csv, atomic_write_json, atomic_write_text  # noqa: E402
 from probeselect._yaml import load_yaml  # noqa: E402
+from probeselect.confirm import CLAIMS  # noqa: E402
 
 #: Overrides of the smoke version (``--tiny``): a 24-step ladder with 3 checkpoints, few probe
 #: items, a few SFT steps and transfer items. For plumbing only; its numbers mean nothing.
@@ -158,8 +159,9 @@ def _rank(pilot_dir: Path, spec, bases: list[str] | None = None, default: str | 
 
 
 #: Verdicts that make a pick decisive: a clear winner, or (plans with ``selection.decision.against``)
-#: a base shown better than the default with its equivalents named.
-DECISIVE = ("winner", "beats_default")
+#: a base shown better than the default with its equivalents named -- the verdicts that claim a
+#: comparison, one definition with the confirmation's (:data:`probeselect.confirm.CLAIMS`).
+DECISIVE = CLAIMS
 
 
 def _pilot(bases, recipe: str, out: Path, overrides: list[str], seeds: list[int] | None, device: str,

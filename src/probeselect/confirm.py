@@ -231,6 +231,7 @@ def confirm(run_dir: str | Path, recipe: str | Path, *, top: int = 2, overrides:
     dec = sel["decision"]
     pilot_rec = dec.get("recommended")
     spec_c = confirm_spec(spec, dec, notes)
+    retest = spec_c is not spec  # the pilot's claim is re-tested with the plan's confirm_margin
     ranking = rank_bases(tables, spec_c, bases=chosen,
                          default=next((b for b, rules in refs.items() if spec.against in rules), None))
     shared = seed_overlap(dec.get("seeds"), tables.transfer["seed"].unique().tolist(), notes)
@@ -252,7 +253,7 @@ def confirm(run_dir: str | Path, recipe: str | Path, *, top: int = 2, overrides:
                      + ("" if held else f" ({ranking.top or 'no base'} is)") +
                      f"; confirmation verdict: {ranking.verdict.replace('_', ' ')}"
                      + (f" (the claim re-tested with margin {spec_c.tie_margin:g}, selection.decision.confirm_margin)"
-                        if spec_c is not spec else "") + ".")
+                        if retest else "") + ".")
     naive = _naive_rows(records(ranking.table), refs, ranking.top)
     for n in naive:
         what = " and ".join({"latest": "the latest checkpoint", "lowest_bpb": "the lowest held-out bpb"}[r]
@@ -290,7 +291,7 @@ def confirm(run_dir: str | Path, recipe: str | Path, *, top: int = 2, overrides:
         confirm_decision=ranking.summary(spec_c),
         confirm_table=records(ranking.table),
         held=held,
-        **({"retest_margin": spec_c.tie_margin} if spec_c is not spec else {}),
+        **({"retest_margin": spec_c.tie_margin} if retest else {}),
         **({"seeds_shared_with_pilot": shared} if shared else {}),
         statement=statement,
         notes=notes + ranking.notes,
