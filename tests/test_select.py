@@ -545,3 +545,42 @@ def test_plan_confirm_margin_is_written_only_when_set(tmp_path):
     p.write_text(PLAN.replace("decision: {tie_margin: 0.02}", "decision: {tie_margin: 0.02, confirm_margin: 0}"))
     spec = load_selection_plan(p).selection
     assert spec.confirm_margin == 0.0 and spec.to_dict()["decision"]["confirm_margin"] == 0.0
+
+
+# --- seed-sensitive bases: an outcome that depends on the SFT seed far more than the others' ---
+
+_BIMODAL = {"A": [0.97, 0.95, 0.99, 0.98, 0.96, 0.97],
+            "B": [0.99, 0.98, 0.99, 0.98, 0.98, 0.97],
+            "L": [0.79, 0.76, 0.99, 0.79, 0.79, 0.99]}     # SFT undoes the defect under two seeds only
+
+
+def test_seed_sensitive_flags_a_bimodal_base_and_leaves_the_verdict_alone(tmp_path):
+    from probeselect.select import SPREAD_RATIO, seed_sensitive
+
+    spec = SelectionSpec(tie_margin=0.02, min_sft_seeds=6, against="latest")
+    r = rank_bases(_tables(tmp_path, _BIMODAL), spec, default="L")
+    assert r.seed_sensitive == ["L"] and r.summary(spec)["seed_sensitive"] == ["L"]
+    sd = {b: np.std(v, ddof=1) for b, v in _BIMODAL.items()}
+    ratio = sd["L"] / np.median([sd["A"], sd["B"]])
+    assert ratio > SPREAD_RATIO
+    note = next(n for n in r.notes if n.startswith("L: its fine-tuning outcome varies"))
+    assert f"seed sd {sd['L']:.3g}, {ratio:.1f}x" in note and "seed values 0.76 to 0.99" in note
+    assert "Add SFT seeds" in note
+    # the flag describes; the rule decides as without it (same tables, flag threshold out of reach)
+    assert seed_sensitive(np.array(list(_BIMODAL.values())), list(_BIMODAL), ratio=ratio + 0.01) == []
+    assert r.verdict == "no_clear_winner" and r.default_ci[0] < 0.02
+
+
+@pytest.mark.parametrize("values", [
+    _AGAINST,                                                  # ordinary seed noise: nothing flagged
+    {b: v[:2] for b, v in _BIMODAL.items()},                   # 2 seeds: an sd ratio means nothing
+    {"L": _BIMODAL["L"]},                                      # one base: nothing to compare with
+    {"A": [0.9] * 6, "L": _BIMODAL["L"]},                      # the others have no spread: no ratio
+])
+def test_seed_sensitive_needs_seeds_and_a_reference(tmp_path, values):
+    from probeselect.select import seed_sensitive
+
+    notes = []
+    assert seed_sensitive(np.array(list(values.values()), float), list(values), notes) == [] and notes == []
+    r = rank_bases(_tables(tmp_path, values), SelectionSpec(tie_margin=0.02, min_sft_seeds=2))
+    assert r.seed_sensitive == [] and "seed_sensitive" not in r.summary(SelectionSpec(tie_margin=0.02))

@@ -64,6 +64,11 @@ shortlist (``run_dir/shortlist.csv``), and writes ``selection.json`` and
   over the top's k - 1 comparisons); for this claim they are exact: the k - 1 differences
   "base - default" are a family fixed before the data, and the top's is one of them. The default
   itself on top is never "beats_default" (it is a clear winner or no clear winner, as without the key).
+* **Seed-sensitive bases** (:func:`seed_sensitive`, descriptive, no test): with 3 or more seeds, a base
+  whose seed sd of the primary metric is more than ``SPREAD_RATIO`` (3) times the median seed sd of
+  the other bases gets a note and is listed in the decision's ``seed_sensitive``. Such a base's
+  outcome is often bimodal (SFT undoes a defect under some seeds only), which a t interval over a
+  few seeds does not describe; the verdict is unchanged, the report says to add seeds.
 * **Proxy validation**: for each predeclared shortlist proxy (``score[<proxy>]`` of
   ``shortlist.csv``: the oriented quantity the shortlist ranks, higher = better; see
   :mod:`probeselect.shortlist`) and for the shortlist aggregate, the
@@ -107,11 +112,12 @@ from .plan import (LOCK_NAME, SelectionPlan, SelectionSpec, check_lock, load_sel
                    smallest_beatable_k)
 from ._posthoc import read_history, record as record_history, retire_selection
 
-__all__ = ["PilotTables", "Ranking", "SelectionResult", "NullDistribution", "TopComparison", "load_pilot_tables",
+__all__ = ["PilotTables", "Ranking", "seed_sensitive", "SelectionResult", "NullDistribution", "TopComparison", "load_pilot_tables",
            "rank_bases", "compare_top", "base_intervals", "posterior_draws", "proxy_validation", "best_of_m_null",
            "min_p_best_of_m", "smallest_beatable_k", "select"]
 
 _EXACT_MAX_N = 8
+SPREAD_RATIO = 3.0   # seed_sensitive: seed sd > 3x the other bases' median (F(5, 5) 0.99 quantile: 3.3x in sd)
 _MC_PERMUTATIONS = 20_000
 
 
@@ -190,6 +196,7 @@ class Ranking:
     default: str | None = None       # the base of selection.decision.against (None without the key)
     default_diff: float | None = None               # top - default, in the better direction
     default_ci: tuple[float, float] | None = None   # its interval (the same Bonferroni level)
+    seed_sensitive: list[str] = field(default_factory=list)  # :func:`seed_sensitive` bases
 
     def summary(self, spec: SelectionSpec) -> dict[str, Any]:
         return {"verdict": self.verdict, "recommended": self.recommended, "top": self.top,
@@ -202,6 +209,7 @@ class Ranking:
                 **({"against": spec.against, "default": self.default, "diff_vs_default": self.default_diff,
                     "diff_vs_default_ci": list(self.default_ci) if self.default_ci else None}
                    if spec.against else {}),
+                **({"seed_sensitive": list(self.seed_sensitive)} if self.seed_sensitive else {}),
                 "interval": ("seed-level paired t, Bonferroni over the comparisons" if spec.interval == "seeds" else
                              "seeds + items (Satterthwaite t, at least the seed-level width), Bonferroni over "
                              "the comparisons")}
@@ -382,6 +390,7 @@ def rank_bases(tables: PilotTables, spec: SelectionSpec, *, bases: list[str] | N
     n_i = _n_items(tables, spec.primary, bases, seeds)
     table["n_items"] = n_i
     table["n_seeds"] = n_s
+    spread = seed_sensitive(values, bases, notes)
 
     elig = [b for b in bases if not fails[b]]
     elig.sort(key=lambda b: -sign * point[b])
@@ -400,7 +409,33 @@ def rank_bases(tables: PilotTables, spec: SelectionSpec, *, bases: list[str] | N
                    notes=notes, n_comparisons=len(elig) - 1 if len(elig) > 1 else 0,
                    t_critical=None if cmp is None or cmp.crit != cmp.crit else cmp.crit, reason=dec.reason,
                    min_sft_seeds=spec.min_sft_seeds, default=dec.default if spec.against else None,
-                   default_diff=dec.default_diff, default_ci=dec.default_ci)
+                   default_diff=dec.default_diff, default_ci=dec.default_ci, seed_sensitive=spread)
+
+
+def seed_sensitive(values: np.ndarray, bases: list[str], notes: list[str] | None = None,
+                   ratio: float = SPREAD_RATIO) -> list[str]:
+    """The bases whose SFT outcome varies across seeds far more than the other bases' (module docstring,
+    "Seed-sensitive bases"): seed sd above ``ratio`` times the median seed sd of the others. ``values``:
+    (bases, seeds). Needs 3 or more seeds and 2 or more bases; appends one note per flagged base."""
+    if values.ndim != 2 or values.shape[1] < 3 or values.shape[0] < 2:
+        return []
+    sd = np.std(values, axis=1, ddof=1)
+    out = []
+    for j, b in enumerate(bases):
+        others = np.delete(sd, j)
+        others = others[np.isfinite(others)]
+        ref = float(np.median(others)) if others.size else math.nan
+        if not (ref > 0 and np.isfinite(sd[j]) and sd[j] > ratio * ref):
+            continue
+        out.append(b)
+        if notes is not None:
+            notes.append(f"{b}: its fine-tuning outcome varies across SFT seeds far more than the other bases' (seed sd "
+                         f"{sd[j]:.3g}, {sd[j] / ref:.1f}x their median {ref:.3g}; seed values {np.nanmin(values[j]):.3g} "
+                         f"to {np.nanmax(values[j]):.3g}). The t intervals that involve it assume roughly normal seed "
+                         f"differences, which {values.shape[1]} seeds cannot check, so they are wide or misleading; "
+                         "a base whose outcome depends this much on the SFT seed is itself a risk to post-train. "
+                         "Add SFT seeds before relying on a comparison with it.")
+    return out
 
 
 def _common_seeds(prim: pd.DataFrame, bases: list[str], spec: SelectionSpec, src: str, notes: list[str]) -> list[int]:
