@@ -41,7 +41,10 @@ Selectors on the same truth (:data:`SELECTORS`; ``OUT/selectors.csv`` per seed,
 ``OUT/selector_summary.csv`` over seeds): ``pipeline`` (the confirmed recommendation; decisive only
 when the confirmation names a clear winner -- or, under a plan with ``selection.decision.against``, a
 base better than that default (:data:`DECISIVE`) -- and the pilot's decision held, else its top base is
-scored as undecided; the probe-free pilot's verdict follows the same rule), ``latest``, ``lowest_bpb`` (pretraining held-out bits per byte),
+scored as undecided; from 2026-12-06 (twenty-sixth session, declared for seeds 125 on) also decisive when
+the pilot said ``beats_default`` and that claim, re-tested against the default alone, held at the
+confirmation budget (``probeselect.final_report.confirmation_status``: "default_beaten"; the pick is then
+the report's recommendation); the probe-free pilot's verdict follows the pilot rule), ``latest``, ``lowest_bpb`` (pretraining held-out bits per byte),
 ``best_capability`` (mean capability candidate accuracy), ``probes_only`` (shortlist rank 1),
 ``probe_free_pilot``, ``random_k_pilot`` (expected over all k-subsets of the plan-eligible
 checkpoints with an oracle pilot that picks each subset's truth-best: favourable to it) and
@@ -575,6 +578,24 @@ def _heldout_bpb(summary: pd.DataFrame) -> pd.Series:
     return h.groupby("checkpoint")["bits_per_byte"].mean()
 
 
+def pipeline_pick(sel: dict, conf: dict | None) -> tuple[str | None, bool]:
+    """The pipeline's pick and whether it is decisive (module docstring, ``pipeline``): after a confirmation, its
+    top, decisive when it names a clear winner or a base better than the default and the pilot's decision held,
+    or when the pilot's ``beats_default`` claim held against the default alone ("default_beaten": the report's
+    recommendation); without one, the pilot's recommendation (else its top), decisive on a claim."""
+    from probeselect.final_report import confirmation_status
+
+    pilot_dec = sel["decision"]
+    if not conf:
+        return pilot_dec.get("recommended") or pilot_dec.get("top"), pilot_dec.get("verdict") in DECISIVE
+    cd = conf.get("confirm_decision") or {}
+    cs = confirmation_status(sel, conf)
+    if cs.status == "default_beaten":
+        return cs.recommended, True
+    pick = cd.get("top") or cd.get("recommended") or pilot_dec.get("recommended") or pilot_dec.get("top")
+    return pick, cd.get("verdict") in DECISIVE and bool(conf.get("held", True))
+
+
 def _seed_row(seed: int, out_root: Path, st: dict, ties_spec, secs: dict, facts: dict
               ) -> tuple[dict, list[dict], list[dict]]:
     """The validity row, selector rows and tie rows of a seed whose stages are all on disk."""
@@ -612,12 +633,7 @@ def _seed_row(seed: int, out_root: Path, st: dict, ties_spec, secs: dict, facts:
 
     # --- the picks ---
     cd = (conf or {}).get("confirm_decision") or {}
-    if conf:
-        pipe_pick = cd.get("top") or cd.get("recommended") or pilot_dec.get("recommended") or pilot_dec.get("top")
-        decided = cd.get("verdict") in DECISIVE and bool(conf.get("held", True))
-    else:
-        pipe_pick = pilot_dec.get("recommended") or pilot_dec.get("top")
-        decided = pilot_dec.get("verdict") in DECISIVE
+    pipe_pick, decided = pipeline_pick(sel, conf)
     summary = pd.read_csv(run_dir / "summary.csv")
     bpb = _heldout_bpb(summary).reindex(tt.index)
     capab = _capability_score(summary).reindex(tt.index)

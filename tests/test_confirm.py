@@ -393,3 +393,58 @@ def test_confirm_margin_zero_still_refuses_a_claim_that_reversed(tmp_path, monke
     assert res.held is False and res.ranking.top == "checkpoint-60"
     md = write_report(d).md.read_text()
     assert "Pilot pick `checkpoint-40` not confirmed" in md and "re-tested with margin" not in md
+
+
+@pytest.mark.parametrize("later, status, recommended", [
+    # the top moves to the pilot's equivalent candidate, which the confirmation calls a clear winner
+    ({"checkpoint-40": 0.86, "checkpoint-50": 0.90, "checkpoint-60": 0.80}, "default_beaten", "checkpoint-50"),
+    # the pick stays on top, but with three bases the (Bonferroni) interval against the default reaches below 0:
+    # no verdict; the one pre-specified comparison clears 0, so the pick stands
+    ({"checkpoint-40": 0.866, "checkpoint-50": 0.86, "checkpoint-60": 0.855}, "default_beaten", "checkpoint-40"),
+    # the pick no longer beats the default (within 0 of it): nothing stands
+    ({"checkpoint-40": 0.80, "checkpoint-50": 0.90, "checkpoint-60": 0.80}, "not_confirmed", None),
+])
+def test_a_beats_default_claim_is_retested_against_the_default(tmp_path, monkeypatch, later, status, recommended):
+    """The pilot said "checkpoint-40 beats the latest, checkpoint-50 is equivalent". That claim is about the
+    default, so the confirmation re-tests it against the default alone (one comparison, the plan's confirm_margin
+    0), whatever the top does; the report then recommends a base other than the default."""
+    from dataclasses import replace
+
+    from probeselect.final_report import confirmation_status
+    from probeselect.plan import load_selection_plan
+    from probeselect.report import write_report
+    from probeselect.select import load_pilot_tables, rank_bases
+
+    d, plan, sel = _claim_against_latest(tmp_path, monkeypatch, {b: {"task_accuracy": a, "termination": 0.9}
+                                                                  for b, a in later.items()})
+    assert sel.verdict == "beats_default" and sel.recommended == "checkpoint-40"
+    res = confirm(d, "recipes/confirm.yaml", top=2)
+    js = json.loads((d / "confirm.json").read_text())
+    c = js["claim_retest"]
+    assert c["base"] == "checkpoint-40" and c["default"] == "checkpoint-60" and c["margin"] == 0.0
+    # the pair's own interval (one comparison), not the full ranking's Bonferroni one
+    pair = rank_bases(load_pilot_tables(d / "confirm"),
+                      replace(load_selection_plan(plan).selection, tie_margin=0.0, against=None),
+                      bases=["checkpoint-40", "checkpoint-60"])
+    assert c["diff"] == pytest.approx(later["checkpoint-40"] - later["checkpoint-60"], abs=0.01)
+    assert c["held"] is (status == "default_beaten")
+    if pair.top == "checkpoint-40":
+        assert c["diff_ci"] == pytest.approx(list(pair.diff_ci))
+    if recommended == "checkpoint-40":   # the case's premise: the full ranking would not have said it
+        assert res.ranking.top == "checkpoint-40" and res.ranking.verdict == "no_clear_winner"
+        assert res.ranking.default_ci[0] < 0 < c["diff_ci"][0]
+    assert ("The pilot's claim that checkpoint-40 beats the default checkpoint-60 "
+            + ("held" if c["held"] else "did NOT hold")) in js["statement"]
+    cs = confirmation_status(json.loads((d / "selection.json").read_text()), js)
+    assert cs.status == status and cs.recommended == recommended
+    md = write_report(d).md.read_text()
+    if status == "default_beaten":
+        assert f"**Recommended base: `{recommended}`**, not the default: the pilot's claim that `checkpoint-40` " \
+               "beats the default `checkpoint-60` held at the intended budget" in md          # front page
+        assert f"**Recommended base: `{recommended}`**, not the default. In the pilot `checkpoint-40`" in md
+        assert "**Confirmation confirms the claim against the default**" in md
+        assert "The confirmation confirms the pilot's claim against the default" in md     # section
+        assert ("the pilot preferred `checkpoint-40`" in md) is (recommended != "checkpoint-40")
+        assert "not confirmed" not in md
+    else:
+        assert "Pilot pick `checkpoint-40` not confirmed" in md and "Recommended base" not in md

@@ -180,6 +180,35 @@ def test_confirmation_status_contract():
         == "nothing_to_confirm"
 
 
+@pytest.mark.parametrize("ctop, cverdict, held, status, recommended", [
+    ("checkpoint-40", "beats_default", True, "confirmed", "checkpoint-40"),        # same top, a claim: confirmed
+    ("checkpoint-60", "winner", True, "default_beaten", "checkpoint-60"),           # top moved, claims: its top
+    ("checkpoint-60", "no_clear_winner", True, "default_beaten", "checkpoint-40"),  # top moved, no claim: the pick
+    ("checkpoint-40", "no_clear_winner", True, "default_beaten", "checkpoint-40"),
+    ("checkpoint-60", "winner", False, "not_confirmed", None),                      # the claim did not hold
+    ("checkpoint-60", "winner", None, "not_confirmed", None),                       # an older confirm.json: no re-test
+])
+def test_confirmation_status_of_a_beats_default_claim(ctop, cverdict, held, status, recommended):
+    sel = _selection(verdict="beats_default", decision={"recommended": "checkpoint-40", "against": "latest",
+                                                         "default": "checkpoint-50"})
+    conf = {"bases": BASES, "confirm_decision": {"top": ctop, "verdict": cverdict}}
+    if held is not None:
+        conf["claim_retest"] = {"claim": "beats_default", "base": "checkpoint-40", "default": "checkpoint-50",
+                                "diff": 0.1, "diff_ci": [0.05, 0.15], "margin": 0.0, "held": held}
+    cs = confirmation_status(sel, conf)
+    assert cs.status == status and cs.recommended == recommended
+    words = cs.claim_words()
+    assert bool(words) is (status == "default_beaten")
+    if words:
+        assert words.startswith("the pilot's claim that `checkpoint-40` beats the default `checkpoint-50` held")
+        assert "(difference 0.1, interval 0.05 to 0.15; margin 0, one pre-specified comparison)" in words
+        assert ("not replicated" in words) is (recommended != "checkpoint-40")
+    # a claim record for another base (or after a winner verdict) never turns into "default_beaten"
+    other = dict(conf, claim_retest=dict(conf.get("claim_retest") or {}, held=True, base="checkpoint-60"))
+    assert confirmation_status(sel, other).status != "default_beaten"
+    assert confirmation_status(_selection(), dict(conf, claim_retest=other["claim_retest"])).status != "default_beaten"
+
+
 @pytest.mark.parametrize("name", ["report.md"])
 def test_selection_report_title_names_the_run(tmp_path, name):
     sel = _selection()

@@ -67,6 +67,7 @@ def _headline(sel: dict, cs, n_seeds: int, min_seeds: int | None) -> Headline:
     if verdict in ("winner", "single_eligible", "beats_default"):
         line1 = {"confirmed": f"**Recommended base: `{top}`**{prov}, confirmed at the intended budget"
                               f"{cs.retest_words()}.",
+                 "default_beaten": f"**Recommended base: `{cs.recommended}`**{prov}, not the default: {cs.claim_words()}.",
                  "not_run": f"**Recommended base (pilot only, not yet confirmed): `{top}`**{prov}.",
                  "not_included": f"**Pilot pick `{top}` not confirmed**{prov}: the confirmation did not retrain it."}.get(
             cs.status, f"**Pilot pick `{top}` not confirmed**{prov}: no recommendation stands.")

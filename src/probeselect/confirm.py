@@ -12,6 +12,14 @@ same plan (primary metric, constraints, bootstrap, tie margin) and writes
 * ``reversals``: every pair whose order flipped, named with both values at both budgets;
 * ``held``: whether the pilot decision held: the pilot's recommended base is also the
   best eligible base at confirmation. ``None`` when the pilot named no winner.
+* ``claim_retest`` (only after a pilot verdict ``beats_default``): that verdict claims "the recommended
+  base beats the plan's default" (e.g. the latest checkpoint), not "it is the best base", so the claim
+  is re-tested as made: the recommended base against the default alone, at the confirmation budget,
+  under the confirmation's margin and constraints (:func:`retest_against_default`). One comparison
+  fixed before the confirmation's data, so no Bonferroni. ``held`` there is true when the interval
+  lies above the margin (or the default fails a constraint the recommended base passes); the top may
+  still move to an equivalent candidate the pilot named (``probeselect.final_report.confirmation_status``:
+  "default_beaten").
 
 ``references=("latest", "lowest_bpb")`` also retrains the naive choices (the ladder's latest
 checkpoint, the one of lowest pretraining held-out bits per byte: :func:`naive_choices`, the same
@@ -39,7 +47,8 @@ from .manifest import base_manifest
 from .plan import REFERENCES, SelectionSpec, selection_spec_from_dict
 from .select import Ranking, load_pilot_tables, rank_bases, records
 
-__all__ = ["ConfirmResult", "confirm", "compare_rankings", "base_paths", "naive_choices", "valid_references"]
+__all__ = ["ConfirmResult", "confirm", "compare_rankings", "base_paths", "naive_choices", "valid_references",
+           "retest_against_default"]
 
 
 @dataclass
@@ -169,6 +178,40 @@ def confirm_spec(spec: SelectionSpec, pilot_decision: dict[str, Any], notes: lis
     return replace(spec, tie_margin=spec.confirm_margin)
 
 
+def retest_against_default(tables, spec: SelectionSpec, pilot_decision: dict[str, Any], default: str | None,
+                           chosen: Sequence[str]) -> dict[str, Any] | None:
+    """The pilot's ``beats_default`` claim re-tested at the confirmation budget (module docstring,
+    ``claim_retest``): the recommended base against ``default`` alone under ``spec`` (the confirmation's
+    rule: its margin and constraints). None when the pilot made no such claim or either base was not
+    confirmed."""
+    rec = pilot_decision.get("recommended")
+    if (pilot_decision.get("verdict") != "beats_default" or rec is None or default is None or rec == default
+            or rec not in chosen or default not in chosen):
+        return None
+    pair = rank_bases(tables, replace(spec, against=None), bases=[rec, default])
+    sign = 1.0 if spec.direction == "higher" else -1.0
+    v = pair.table.set_index("base")["value"].astype(float)
+    diff = float(sign * (v[rec] - v[default]))
+    ci = None
+    if pair.diff_ci is not None:
+        lo, hi = pair.diff_ci
+        ci = [lo, hi] if pair.top == rec else [-hi, -lo]
+    held = pair.top == rec and pair.verdict in ("winner", "single_eligible")
+    return {"claim": "beats_default", "base": rec, "default": default, "diff": diff, "diff_ci": ci,
+            "margin": spec.tie_margin, "verdict": pair.verdict, "reason": pair.reason, "held": bool(held),
+            "interval": ("one comparison fixed before the confirmation's data (no Bonferroni); "
+                         + ("seed-level paired t" if spec.interval == "seeds" else "seeds + items"))}
+
+
+def _claim_words(claim: dict[str, Any]) -> str:
+    """The statement's sentence on a re-tested beats_default claim."""
+    ci = claim["diff_ci"]
+    iv = f"interval {ci[0]:.3g} to {ci[1]:.3g}, " if ci else ""
+    return (f" The pilot's claim that {claim['base']} beats the default {claim['default']} "
+            f"{'held' if claim['held'] else 'did NOT hold'} at this budget: difference {claim['diff']:.3g} "
+            f"({iv}margin {claim['margin']:g}; {claim['verdict'].replace('_', ' ')}).")
+
+
 def seed_overlap(pilot_seeds: Sequence[int] | None, confirm_seeds: Sequence[int], notes: list[str]) -> list[int]:
     """SFT seeds the confirmation shares with the pilot (same data order and adapter initialisation), with a note
     when there are any: the confirmation then re-measures the pilot's bases at a larger budget, but its noise is
@@ -232,8 +275,9 @@ def confirm(run_dir: str | Path, recipe: str | Path, *, top: int = 2, overrides:
     pilot_rec = dec.get("recommended")
     spec_c = confirm_spec(spec, dec, notes)
     retest = spec_c is not spec  # the pilot's claim is re-tested with the plan's confirm_margin
-    ranking = rank_bases(tables, spec_c, bases=chosen,
-                         default=next((b for b, rules in refs.items() if spec.against in rules), None))
+    default = next((b for b, rules in refs.items() if spec.against in rules), None)
+    ranking = rank_bases(tables, spec_c, bases=chosen, default=default)
+    claim = retest_against_default(tables, spec_c, dec, default, chosen)
     shared = seed_overlap(dec.get("seeds"), tables.transfer["seed"].unique().tolist(), notes)
     pilot_vals = {b["base"]: b["value"] for b in sel["bases"] if b["base"] in chosen and b.get("value") is not None}
     conf_vals = ranking.table.set_index("base")["value"].to_dict()
@@ -253,7 +297,7 @@ def confirm(run_dir: str | Path, recipe: str | Path, *, top: int = 2, overrides:
                      + ("" if held else f" ({ranking.top or 'no base'} is)") +
                      f"; confirmation verdict: {ranking.verdict.replace('_', ' ')}"
                      + (f" (the claim re-tested with margin {spec_c.tie_margin:g}, selection.decision.confirm_margin)"
-                        if retest else "") + ".")
+                        if retest else "") + "." + (_claim_words(claim) if claim else ""))
     naive = _naive_rows(records(ranking.table), refs, ranking.top)
     for n in naive:
         what = " and ".join({"latest": "the latest checkpoint", "lowest_bpb": "the lowest held-out bpb"}[r]
@@ -291,6 +335,7 @@ def confirm(run_dir: str | Path, recipe: str | Path, *, top: int = 2, overrides:
         confirm_decision=ranking.summary(spec_c),
         confirm_table=records(ranking.table),
         held=held,
+        **({"claim_retest": claim} if claim else {}),
         **({"retest_margin": spec_c.tie_margin} if retest else {}),
         **({"seeds_shared_with_pilot": shared} if shared else {}),
         statement=statement,

@@ -83,11 +83,41 @@ def _g(x: Any) -> str:
 class ConfirmationStatus(NamedTuple):
     """How the confirmation bears on the pilot decision (see :func:`confirmation_status`)."""
 
-    status: str  # not_run | nothing_to_confirm | confirmed | not_confirmed | not_included
+    status: str  # not_run | nothing_to_confirm | confirmed | default_beaten | not_confirmed | not_included
     pilot_pick: str | None
     confirm_top: str | None
     confirm_verdict: str | None
     retest_margin: float | None = None  # confirm.json's retest_margin: the pilot's claim re-tested with this margin
+    claim: dict | None = None  # confirm.json's claim_retest (a beats_default claim re-tested against the default)
+
+    @property
+    def recommended(self) -> str | None:
+        """The base the pipeline recommends after the confirmation: the pilot's pick when confirmed; after
+        "default_beaten" the confirmation's top when the confirmation itself makes a claim (winner or
+        beats_default), else the pilot's pick; None otherwise."""
+        if self.status == "confirmed":
+            return self.pilot_pick
+        if self.status == "default_beaten":
+            return self.confirm_top if self.confirm_verdict in ("winner", "beats_default") else self.pilot_pick
+        return None
+
+    def claim_words(self) -> str:
+        """'' or, for "default_beaten", the sentence saying the pilot's claim against the default held, with the
+        re-test's difference, interval and margin, and where the confirmation's top lies."""
+        c = self.claim
+        if self.status != "default_beaten" or not c:
+            return ""
+        ci = c.get("diff_ci")
+        iv = f", interval {_g(ci[0])} to {_g(ci[1])}" if ci else ""
+        rec = self.recommended
+        there = (f"`{self.confirm_top}` is best there ({_verdict_words(self.confirm_verdict)})"
+                 + (f"; the pilot preferred `{self.pilot_pick}`, so `{rec}`'s lead over it is a result of the "
+                    "confirmation alone, not replicated" if rec != self.pilot_pick else
+                    f", but the confirmation separates no base from the others, so the pilot's pick stands"
+                    if self.confirm_top != self.pilot_pick else ""))
+        return (f"the pilot's claim that `{self.pilot_pick}` beats the default `{c.get('default')}` held at the "
+                f"intended budget (difference {_g(c.get('diff'))}{iv}; margin {_g(c.get('margin'))}, one "
+                f"pre-specified comparison); {there}")
 
     def retest_words(self) -> str:
         """'' or ' (re-tested with margin M, the plan's confirm_margin: the claim did not reverse; it did not clear
@@ -110,6 +140,11 @@ def confirmation_status(sel: dict, conf: dict | None) -> ConfirmationStatus:
       base on top or has the same base on top without calling it a winner (no clear
       winner): ``confirm.json``'s ``held`` is true in that case, but the report never says
       "held" for a pick that the confirmation does not call a winner;
+    * ``default_beaten``: the pilot's verdict was ``beats_default`` (its pick beats the plan's default, e.g.
+      the latest checkpoint), it is not ``confirmed``, but ``confirm.json``'s ``claim_retest`` held: the pick
+      still beats the default at the intended budget, while the top moved to another base or the confirmation
+      separates none. The question the plan asks ("the default, or not?") got the same answer twice;
+      :attr:`ConfirmationStatus.recommended` says which base the pipeline then recommends;
     * ``nothing_to_confirm``: the pilot named no winner (whatever the confirmation found);
     * ``not_included``: the pilot's pick was not among the confirmed bases;
     * ``not_run``: no ``confirm.json``.
@@ -128,6 +163,9 @@ def confirmation_status(sel: dict, conf: dict | None) -> ConfirmationStatus:
         return ConfirmationStatus("not_included", pick, ctop, cverdict)
     if ctop == pick and cverdict in _WINNING:
         return ConfirmationStatus("confirmed", pick, ctop, cverdict, conf.get("retest_margin"))
+    claim = conf.get("claim_retest")
+    if d.get("verdict") == "beats_default" and claim and claim.get("held") and claim.get("base") == pick:
+        return ConfirmationStatus("default_beaten", pick, ctop, cverdict, conf.get("retest_margin"), claim)
     return ConfirmationStatus("not_confirmed", pick, ctop, cverdict)
 
 
@@ -376,6 +414,9 @@ def _decision_section(sel: dict, conf: dict | None, diag: pd.DataFrame | None,
         if cs.status == "confirmed":
             items.append(f"**Recommended base: `{top}`**{few_txt}. {why}, and the confirmation at the intended budget "
                          f"names it {_verdict_words(cs.confirm_verdict)} too{cs.retest_words()}.")
+        elif cs.status == "default_beaten":
+            items.append(f"**Recommended base: `{cs.recommended}`**{few_txt}, not the default. In the pilot `{top}` "
+                         f"was recommended: {why[0].lower()}{why[1:]}. {cs.claim_words()[0].upper()}{cs.claim_words()[1:]}.")
         elif cs.status == "not_run":
             items.append(f"**Recommended base (pilot only, not yet confirmed): `{top}`**{few_txt}. {why}.")
         elif cs.status == "not_included":
@@ -428,6 +469,8 @@ def _decision_section(sel: dict, conf: dict | None, diag: pd.DataFrame | None,
                  f"({_verdict_words(cs.confirm_verdict)})")
         if cs.status == "confirmed":
             items.append(f"**Confirmation confirms `{cs.pilot_pick}`**: {there}{cs.retest_words()}." + tail)
+        elif cs.status == "default_beaten":
+            items.append(f"**Confirmation confirms the claim against the default**: {cs.claim_words()}." + tail)
         elif cs.status == "not_confirmed":
             items.append(f"**Confirmation does not confirm `{cs.pilot_pick}`**: {there}." + tail)
         elif cs.status == "not_included":
@@ -552,6 +595,7 @@ def _proxy_section(sel: dict) -> Section:
 _STATUS_WORDS = {
     "confirmed": "The confirmation confirms the pilot pick `{pick}`: the same base is {cv} at the intended budget.",
     "not_confirmed": "The pilot pick `{pick}` is not confirmed: at the intended budget `{top}` is best ({cv}).",
+    "default_beaten": "The confirmation confirms the pilot's claim against the default: {claim}.",
     "not_included": "The pilot pick `{pick}` was not among the confirmed bases.",
     "nothing_to_confirm": "The pilot named no winner, so there was no pick to confirm; at the intended budget `{top}` is "
                           "best ({cv}).",
@@ -579,7 +623,7 @@ def _confirm_section(conf: dict | None, sel: dict | None = None, run_dir: Path =
     cs = confirmation_status(sel or {}, conf)
     said = _STATUS_WORDS.get(cs.status, "{top}").replace(" at the intended budget.", " at the intended budget"
                                                          + cs.retest_words() + ".").format(pick=cs.pilot_pick, top=cs.confirm_top or "no base",
-                                                        cv=_verdict_words(cs.confirm_verdict))
+                                                        cv=_verdict_words(cs.confirm_verdict), claim=cs.claim_words())
     recipe = shown_path(conf["config"].get("recipe"), run_dir)
     s.blocks.append(Para(f"Recipe `{recipe}` (sha256 `{str(conf.get('recipe_sha256'))[:12]}`), "
                          f"top {conf['config'].get('top')} pilot bases{_added_naive(conf)}. {said}"))
