@@ -579,3 +579,34 @@ def test_pipeline_pick_counts_a_claim_against_the_default_that_held():
     assert v.pipeline_pick(sel, None) == ("c2400", True)
     assert v.pipeline_pick({"decision": {"verdict": "no_clear_winner", "recommended": None, "top": "c2600"}},
                            None) == ("c2600", False)
+
+
+def test_tau_by_range_reproduces_validity_and_ranks_the_eligible_range(tmp_path):
+    """bench/tau_by_range.py: the "all" range is validity.csv's (it stops when it is not); the eligible range
+    drops the checkpoints that fail the shortlist's constraints, where step and -bpb order the truth easily."""
+    spec = importlib.util.spec_from_file_location("tau_by_range", REPO / "bench" / "tau_by_range.py")
+    tbr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tbr)
+    names = [f"checkpoint-{s}" for s in (100, 200, 300, 400, 500)]
+    truth = pd.DataFrame({"seed": 7, "checkpoint": names, "truth_value": [0.1, 0.2, 0.9, 0.8, 0.7],
+                          "heldout_bpb": [2.0, 1.5, 1.2, 1.1, 1.0]})
+    sl = pd.DataFrame({"checkpoint": names, "step": [100, 200, 300, 400, 500], "mean_rank": [5, 4, 1, 2, 3],
+                       "passes_constraints": [False, False, True, True, True],
+                       "score[arith_pattern/*:mean_margin]": [0.0, 0.1, 0.3, 0.2, 0.25]})
+    r = tbr.seed_taus(sl, truth)
+    assert r["n_all"] == 5 and r["n_eligible"] == 3
+    assert r["tau_probes_all"] == pytest.approx(1.0) and r["tau_probes_eligible"] == pytest.approx(1.0)
+    assert r["tau_step_all"] == pytest.approx(0.4) and r["tau_step_eligible"] == pytest.approx(-1.0)   # 7 vs 3 pairs
+    assert r["tau_neg_bpb_eligible"] == pytest.approx(-1.0)
+    assert r["tau_arith_pattern_eligible"] == pytest.approx(1 / 3)
+    run = tmp_path / "uniform"
+    (run / "seed7" / "score").mkdir(parents=True)
+    sl.to_csv(run / "seed7" / "score" / "shortlist.csv", index=False)
+    truth.to_csv(run / "truth_values.csv", index=False)
+    pd.DataFrame([{"seed": 7, "tau_probes": 1.0, "tau_step": 0.4, "tau_neg_bpb": 0.4}]).to_csv(run / "validity.csv",
+                                                                                                 index=False)
+    assert len(tbr.run_rows(run)) == 1
+    pd.DataFrame([{"seed": 7, "tau_probes": 0.5, "tau_step": 0.4, "tau_neg_bpb": 0.4}]).to_csv(run / "validity.csv",
+                                                                                                 index=False)
+    with pytest.raises(SystemExit, match="tau_probes is 1.0 here but 0.5 in validity.csv"):
+        tbr.run_rows(run)
