@@ -47,8 +47,11 @@ def seed_taus(shortlist: pd.DataFrame, truth: pd.DataFrame) -> dict[str, float]:
         out[f"tau_step_{name}"] = _kendall_tau_b(part["step"].to_numpy(float), y)
         out[f"tau_neg_bpb_{name}"] = _kendall_tau_b(-t["heldout_bpb"].reindex(part["checkpoint"]).to_numpy(float), y)
         if name == "eligible":
-            for c in [c for c in part.columns if c.startswith("score[")]:
-                out[f"tau_{c[6:-1].split('/')[0]}_eligible"] = _kendall_tau_b(part[c].to_numpy(float), y)
+            cols = [c for c in part.columns if c.startswith("score[")]
+            fams = [c[6:-1].split("/")[0] for c in cols]
+            for c, fam in zip(cols, fams):   # a family with two proxies is keyed by the whole proxy name
+                key = fam if fams.count(fam) == 1 else c[6:-1]
+                out[f"tau_{key}_eligible"] = _kendall_tau_b(part[c].to_numpy(float), y)
     return out
 
 

@@ -444,7 +444,57 @@ def test_a_beats_default_claim_is_retested_against_the_default(tmp_path, monkeyp
         assert f"**Recommended base: `{recommended}`**, not the default. In the pilot `checkpoint-40`" in md
         assert "**Confirmation confirms the claim against the default**" in md
         assert "The confirmation confirms the pilot's claim against the default" in md     # section
-        assert ("the pilot preferred `checkpoint-40`" in md) is (recommended != "checkpoint-40")
+        assert ("ahead of the pilot's pick by more than the plan's tie margin" in md) is (recommended != "checkpoint-40")
+        assert "the claim did not reverse" in md                       # confirm_margin 0: not "cleared the margin"
         assert "not confirmed" not in md
     else:
         assert "Pilot pick `checkpoint-40` not confirmed" in md and "Recommended base" not in md
+
+
+@pytest.mark.parametrize("direction", ["higher", "lower"])
+def test_retest_against_default_orients_the_difference_and_flips_a_reversed_interval(tmp_path, direction):
+    """The re-test's difference is "pick better than the default" in the metric's direction; when the default comes
+    out ahead, the pair's interval (default - pick) is flipped; a default failing a constraint is said so."""
+    from dataclasses import replace
+
+    import pandas as pd
+
+    from probeselect.confirm import retest_against_default
+    from probeselect.plan import SelectionSpec, TransferConstraint
+    from probeselect.select import PilotTables
+
+    sign = 1.0 if direction == "higher" else -1.0
+    pick = [0.80, 0.82, 0.79, 0.81, 0.80, 0.83]
+    dflt = [0.70, 0.75, 0.72, 0.69, 0.74, 0.71]
+    spec = SelectionSpec(tie_margin=0.02, min_sft_seeds=6, primary="task_accuracy", direction=direction)
+    dec = {"verdict": "beats_default", "recommended": "P"}
+
+    def tables(p, d):
+        rows = [dict(base=b, seed=s, metric="task_accuracy", value=sign * v) for b, vs in (("P", p), ("D", d))
+                for s, v in enumerate(vs)]
+        return PilotTables(tmp_path, pd.DataFrame(rows), None, None)
+
+    ahead = retest_against_default(tables(pick, dflt), spec, dec, "D", ["P", "D"], range(6))
+    import numpy as np
+    from scipy.stats import t as student_t
+
+    d = np.subtract(pick, dflt)
+    half = student_t.ppf(0.975, 5) * d.std(ddof=1) / np.sqrt(6)           # one comparison: no Bonferroni
+    assert ahead["held"] is True and ahead["diff"] == pytest.approx(d.mean())
+    assert ahead["diff_ci"] == pytest.approx([d.mean() - half, d.mean() + half])
+    behind = retest_against_default(tables(dflt, pick), spec, dec, "D", ["P", "D"], range(6))
+    assert behind["held"] is False and behind["diff"] == pytest.approx(-d.mean())
+    assert behind["diff_ci"] == pytest.approx([-d.mean() - half, -d.mean() + half])     # flipped: below 0
+    # fewer seeds than the ranking's: only the ranking's seeds are compared, and the pair's notes are kept
+    few = retest_against_default(tables(pick, dflt), spec, dec, "D", ["P", "D"], range(3))
+    assert few["seeds"] == [0, 1, 2] and few["held"] is False and any("min_sft_seeds" in n for n in few["notes"])
+    # the default fails a constraint the pick passes: held although the default scores higher, and said so
+    spec_c = replace(spec, constraints=(TransferConstraint("termination", min=0.5),))
+    tabs = tables(dflt, pick)
+    tabs.transfer = pd.concat([tabs.transfer, pd.DataFrame(
+        [dict(base=b, seed=s, metric="termination", value=t) for b, t in (("P", 0.9), ("D", 0.3)) for s in range(6)])])
+    gate = retest_against_default(tabs, spec_c, dec, "D", ["P", "D"], range(6))
+    assert gate["held"] is True and gate["default_fails_constraint"] is True and gate["diff"] < 0
+    assert "the default fails a selection constraint" in confirm_mod._claim_words(gate)
+    assert retest_against_default(tables(pick, dflt), spec, {"verdict": "winner", "recommended": "P"}, "D",
+                                  ["P", "D"], range(6)) is None           # only a beats_default claim is re-tested

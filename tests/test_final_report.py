@@ -180,21 +180,27 @@ def test_confirmation_status_contract():
         == "nothing_to_confirm"
 
 
-@pytest.mark.parametrize("ctop, cverdict, held, status, recommended", [
-    ("checkpoint-40", "beats_default", True, "confirmed", "checkpoint-40"),        # same top, a claim: confirmed
-    ("checkpoint-60", "winner", True, "default_beaten", "checkpoint-60"),           # top moved, claims: its top
-    ("checkpoint-60", "no_clear_winner", True, "default_beaten", "checkpoint-40"),  # top moved, no claim: the pick
-    ("checkpoint-40", "no_clear_winner", True, "default_beaten", "checkpoint-40"),
-    ("checkpoint-60", "winner", False, "not_confirmed", None),                      # the claim did not hold
-    ("checkpoint-60", "winner", None, "not_confirmed", None),                       # an older confirm.json: no re-test
+@pytest.mark.parametrize("ctop, cverdict, pick_lo, held, status, recommended", [
+    ("checkpoint-40", "beats_default", None, True, "confirmed", "checkpoint-40"),   # same top, a claim: confirmed
+    # the top moved and leads the pick by more than the plan's tie margin (0.05): the confirmation's top
+    ("checkpoint-60", "winner", 0.06, True, "default_beaten", "checkpoint-60"),
+    # ... by less (a claim only under a looser confirm_margin): the pilot's pick, whose claim was replicated
+    ("checkpoint-60", "winner", 0.01, True, "default_beaten", "checkpoint-40"),
+    ("checkpoint-60", "no_clear_winner", -0.02, True, "default_beaten", "checkpoint-40"),
+    ("checkpoint-40", "no_clear_winner", None, True, "default_beaten", "checkpoint-40"),
+    ("checkpoint-60", "winner", 0.06, False, "not_confirmed", None),                # the claim did not hold
+    ("checkpoint-60", "winner", 0.06, None, "not_confirmed", None),                 # an older confirm.json
 ])
-def test_confirmation_status_of_a_beats_default_claim(ctop, cverdict, held, status, recommended):
+def test_confirmation_status_of_a_beats_default_claim(ctop, cverdict, pick_lo, held, status, recommended):
     sel = _selection(verdict="beats_default", decision={"recommended": "checkpoint-40", "against": "latest",
                                                          "default": "checkpoint-50"})
-    conf = {"bases": BASES, "confirm_decision": {"top": ctop, "verdict": cverdict}}
+    table = [{"base": ctop}] + ([{"base": "checkpoint-40", "diff_vs_top_lo": pick_lo}] if ctop != "checkpoint-40"
+                                else [])
+    conf = {"bases": BASES, "confirm_decision": {"top": ctop, "verdict": cverdict}, "confirm_table": table}
+    claim = {"claim": "beats_default", "base": "checkpoint-40", "default": "checkpoint-50", "diff": 0.1,
+             "diff_ci": [0.05, 0.15], "margin": 0.0, "held": held}
     if held is not None:
-        conf["claim_retest"] = {"claim": "beats_default", "base": "checkpoint-40", "default": "checkpoint-50",
-                                "diff": 0.1, "diff_ci": [0.05, 0.15], "margin": 0.0, "held": held}
+        conf["claim_retest"] = claim
     cs = confirmation_status(sel, conf)
     assert cs.status == status and cs.recommended == recommended
     words = cs.claim_words()
@@ -203,10 +209,16 @@ def test_confirmation_status_of_a_beats_default_claim(ctop, cverdict, held, stat
         assert words.startswith("the pilot's claim that `checkpoint-40` beats the default `checkpoint-50` held")
         assert "(difference 0.1, interval 0.05 to 0.15; margin 0, one pre-specified comparison)" in words
         assert ("not replicated" in words) is (recommended != "checkpoint-40")
-    # a claim record for another base (or after a winner verdict) never turns into "default_beaten"
-    other = dict(conf, claim_retest=dict(conf.get("claim_retest") or {}, held=True, base="checkpoint-60"))
-    assert confirmation_status(sel, other).status != "default_beaten"
-    assert confirmation_status(_selection(), dict(conf, claim_retest=other["claim_retest"])).status != "default_beaten"
+        assert ("so the pick stands" in words) is (ctop != "checkpoint-40" and recommended == "checkpoint-40")
+    # with the plan's confirm_margin the words say the claim did not reverse, not that it cleared the margin
+    if status == "default_beaten":
+        loose = confirmation_status(sel, dict(conf, retest_margin=0.0)).claim_words()
+        assert "re-tested with the plan's confirm_margin: the claim did not reverse" in loose
+    # a claim record for another base, or after a verdict other than beats_default, never gives "default_beaten"
+    held_claim = dict(claim, held=True)
+    assert confirmation_status(sel, dict(conf, claim_retest=dict(held_claim, base="checkpoint-60"))).status \
+        != "default_beaten"
+    assert confirmation_status(_selection(), dict(conf, claim_retest=held_claim)).status != "default_beaten"
 
 
 @pytest.mark.parametrize("name", ["report.md"])

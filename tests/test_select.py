@@ -575,7 +575,8 @@ def test_seed_sensitive_flags_a_bimodal_base_and_leaves_the_verdict_alone(tmp_pa
     _AGAINST,                                                  # ordinary seed noise: nothing flagged
     {b: v[:2] for b, v in _BIMODAL.items()},                   # 2 seeds: an sd ratio means nothing
     {"L": _BIMODAL["L"]},                                      # one base: nothing to compare with
-    {"A": [0.9] * 6, "L": _BIMODAL["L"]},                      # the others have no spread: no ratio
+    {"A": _BIMODAL["A"], "L": _BIMODAL["L"]},                  # two: L's spread, or A's steadiness?
+    {"A": [0.9] * 6, "B": [0.8] * 6, "L": _BIMODAL["L"]},      # the others have no spread: no ratio
 ])
 def test_seed_sensitive_needs_seeds_and_a_reference(tmp_path, values):
     from probeselect.select import seed_sensitive

@@ -561,18 +561,21 @@ def test_record_keeps_a_finished_validation_and_pools(smoke, tmp_path):
 def test_pipeline_pick_counts_a_claim_against_the_default_that_held():
     """Seed 118's case (attempt 18c): the pilot said 2400 beats the latest; at the confirmation 2600 is on top and
     beats the latest, and 2400 still does. Before 2026-12-06 that was undecided (the top moved); a confirm.json
-    with the claim's re-test makes it decisive, picking the confirmation's top. Without the re-test (older
-    records) the old rule stands."""
+    with the claim's re-test makes it decisive: the pilot's pick, unless the confirmation's top leads it by the
+    plan's tie margin. Without the re-test (older records) the old rule stands."""
     v = _module()
-    sel = {"decision": {"verdict": "beats_default", "recommended": "c2400", "top": "c2400"}}
-    conf = {"bases": ["c2400", "c2600", "c3200"], "held": False,
+    sel = {"decision": {"verdict": "beats_default", "recommended": "c2400", "top": "c2400", "tie_margin": 0.02}}
+    table = [{"base": "c2600"}, {"base": "c2400", "diff_vs_top_lo": -0.005}]
+    conf = {"bases": ["c2400", "c2600", "c3200"], "held": False, "confirm_table": table,
             "confirm_decision": {"top": "c2600", "verdict": "beats_default"}}
     assert v.pipeline_pick(sel, conf) == ("c2600", False)
     claim = {"claim": "beats_default", "base": "c2400", "default": "c3200", "diff": 0.1, "diff_ci": [0.05, 0.15],
              "margin": 0.0, "held": True}
-    assert v.pipeline_pick(sel, dict(conf, claim_retest=claim)) == ("c2600", True)
+    assert v.pipeline_pick(sel, dict(conf, claim_retest=claim)) == ("c2400", True)
+    lead = [{"base": "c2600"}, {"base": "c2400", "diff_vs_top_lo": 0.03}]      # 2600 leads by the tie margin
+    assert v.pipeline_pick(sel, dict(conf, claim_retest=claim, confirm_table=lead)) == ("c2600", True)
     nv = dict(conf, claim_retest=claim, confirm_decision={"top": "c2600", "verdict": "no_clear_winner"})
-    assert v.pipeline_pick(sel, nv) == ("c2400", True)            # no claim of its own: the pilot's pick stands
+    assert v.pipeline_pick(sel, nv) == ("c2400", True)
     assert v.pipeline_pick(sel, dict(conf, claim_retest=dict(claim, held=False))) == ("c2600", False)
     same = {"bases": ["c2400", "c3200"], "held": True, "confirm_decision": {"top": "c2400", "verdict": "winner"}}
     assert v.pipeline_pick(sel, same) == ("c2400", True)

@@ -91,10 +91,11 @@ def _headline(sel: dict, cs, n_seeds: int, min_seeds: int | None) -> Headline:
     return Headline(line1, line2)
 
 
-def _transfer_figure(sel: dict, steps: dict[str, float], lowest: LowestBpb | None, path: Path) -> Path:
+def _transfer_figure(sel: dict, steps: dict[str, float], lowest: LowestBpb | None, path: Path,
+                     top: str | None) -> Path:
+    """The pilot's transfer per base; ``top``: the base marked as recommended (the report's recommendation)."""
     prim = sel["selection_plan"]["primary"]
     level = sel["decision"].get("level", 0.95)
-    top = sel["decision"].get("recommended")
     bases = sel["bases"]
     use_steps = all(b["base"] in steps for b in bases)
     fig, ax = _figure((6.4, 3.4))
@@ -208,7 +209,8 @@ def _front_page(run_dir: Path, sel: dict, cs, seeds: tuple[int, int | None], man
                      f"{'piloted' if lowest.checkpoint in piloted else 'not piloted'})")
     else:
         notes.append("no pretraining held-out bits per byte was scored, so no lowest-loss checkpoint is marked")
-    blocks.append(Figure(_transfer_figure(sel, steps, lowest, fig_dir / "transfer.svg"),
+    shown_rec = cs.recommended if cs.status == "default_beaten" else sel["decision"].get("recommended")
+    blocks.append(Figure(_transfer_figure(sel, steps, lowest, fig_dir / "transfer.svg", shown_rec),
                          "Post-SFT transfer of each piloted base: seed mean and interval of the primary metric "
                          "(filled = eligible, red = recommended). Marked: " + "; ".join(notes) + ".",
                          "post-SFT transfer per piloted base with intervals"))
@@ -222,7 +224,7 @@ def _front_page(run_dir: Path, sel: dict, cs, seeds: tuple[int, int | None], man
                 wnote = f"data windows from `{shown(lineage)}` shaded (orange = planted)"
             except AttributionError as exc:
                 wnote = f"the data lineage could not be read ({exc}), so no window is shaded"
-        top = sel["decision"].get("recommended")
+        top = shown_rec
         fig = _margin_figure(pd.read_csv(traj_path), windows, steps.get(top) if top else None,
                              fig_dir / "margins.svg")
         if fig is not None:

@@ -18,8 +18,9 @@ same plan (primary metric, constraints, bootstrap, tie margin) and writes
   under the confirmation's margin and constraints (:func:`retest_against_default`). One comparison
   fixed before the confirmation's data, so no Bonferroni. ``held`` there is true when the interval
   lies above the margin (or the default fails a constraint the recommended base passes); the top may
-  still move to an equivalent candidate the pilot named (``probeselect.final_report.confirmation_status``:
-  "default_beaten").
+  still move to another confirmed base (``probeselect.final_report.confirmation_status``:
+  "default_beaten"). The report then recommends the pilot's pick, or the confirmation's top when the
+  confirmation separates it from the pick by the plan's tie margin (:func:`after_default_claim`).
 
 ``references=("latest", "lowest_bpb")`` also retrains the naive choices (the ladder's latest
 checkpoint, the one of lowest pretraining held-out bits per byte: :func:`naive_choices`, the same
@@ -45,10 +46,10 @@ from .dynamics import naive_choices
 from .errors import SelectionError
 from .manifest import base_manifest
 from .plan import REFERENCES, SelectionSpec, selection_spec_from_dict
-from .select import Ranking, load_pilot_tables, rank_bases, records
+from .select import PilotTables, Ranking, load_pilot_tables, rank_bases, records
 
 __all__ = ["ConfirmResult", "confirm", "compare_rankings", "base_paths", "naive_choices", "valid_references",
-           "retest_against_default"]
+           "retest_against_default", "after_default_claim"]
 
 
 @dataclass
@@ -178,17 +179,22 @@ def confirm_spec(spec: SelectionSpec, pilot_decision: dict[str, Any], notes: lis
     return replace(spec, tie_margin=spec.confirm_margin)
 
 
-def retest_against_default(tables, spec: SelectionSpec, pilot_decision: dict[str, Any], default: str | None,
-                           chosen: Sequence[str]) -> dict[str, Any] | None:
+def retest_against_default(tables: PilotTables, spec: SelectionSpec, pilot_decision: dict[str, Any],
+                           default: str | None, chosen: Sequence[str], seeds: Sequence[int]) -> dict[str, Any] | None:
     """The pilot's ``beats_default`` claim re-tested at the confirmation budget (module docstring,
     ``claim_retest``): the recommended base against ``default`` alone under ``spec`` (the confirmation's
-    rule: its margin and constraints). None when the pilot made no such claim or either base was not
-    confirmed."""
+    rule: its margin and constraints), on the confirmation ranking's ``seeds``. None when the pilot made no
+    such claim or either base was not confirmed."""
     rec = pilot_decision.get("recommended")
     if (pilot_decision.get("verdict") != "beats_default" or rec is None or default is None or rec == default
             or rec not in chosen or default not in chosen):
         return None
-    pair = rank_bases(tables, replace(spec, against=None), bases=[rec, default])
+
+    def keep(df):
+        return df[df["seed"].isin(list(seeds))] if df is not None and "seed" in df.columns else df
+
+    pair = rank_bases(PilotTables(tables.out_dir, keep(tables.transfer), keep(tables.items), keep(tables.diagnostics)),
+                      replace(spec, against=None), bases=[rec, default])
     sign = 1.0 if spec.direction == "higher" else -1.0
     v = pair.table.set_index("base")["value"].astype(float)
     diff = float(sign * (v[rec] - v[default]))
@@ -199,17 +205,36 @@ def retest_against_default(tables, spec: SelectionSpec, pilot_decision: dict[str
     held = pair.top == rec and pair.verdict in ("winner", "single_eligible")
     return {"claim": "beats_default", "base": rec, "default": default, "diff": diff, "diff_ci": ci,
             "margin": spec.tie_margin, "verdict": pair.verdict, "reason": pair.reason, "held": bool(held),
+            "default_fails_constraint": pair.verdict == "single_eligible" and pair.top == rec,
+            "seeds": list(pair.seeds), "notes": list(pair.notes),
             "interval": ("one comparison fixed before the confirmation's data (no Bonferroni); "
                          + ("seed-level paired t" if spec.interval == "seeds" else "seeds + items"))}
+
+
+def after_default_claim(pick: str, confirm_top: str | None, confirm_table: Sequence[dict[str, Any]],
+                        tie_margin: float | None) -> str:
+    """The base recommended when the pilot's ``beats_default`` claim held at the confirmation but the pick was
+    not confirmed in the ordinary sense (``probeselect.final_report.confirmation_status``: "default_beaten"):
+    the confirmation's top only when the confirmation separates it from the pick by the plan's tie margin (the
+    interval of top - pick lies above it: the margin the pilot had to clear, not the confirm_margin); otherwise
+    the pilot's pick, whose claim against the default was replicated."""
+    if confirm_top and confirm_top != pick and tie_margin is not None:
+        row = next((r for r in confirm_table if r.get("base") == pick), None)
+        lo = row.get("diff_vs_top_lo") if row else None
+        if lo is not None and lo == lo and lo > tie_margin:
+            return confirm_top
+    return pick
 
 
 def _claim_words(claim: dict[str, Any]) -> str:
     """The statement's sentence on a re-tested beats_default claim."""
     ci = claim["diff_ci"]
     iv = f"interval {ci[0]:.3g} to {ci[1]:.3g}, " if ci else ""
+    how = ("the default fails a selection constraint at this budget, the pick passes" if claim.get(
+        "default_fails_constraint") else claim["verdict"].replace("_", " "))
     return (f" The pilot's claim that {claim['base']} beats the default {claim['default']} "
             f"{'held' if claim['held'] else 'did NOT hold'} at this budget: difference {claim['diff']:.3g} "
-            f"({iv}margin {claim['margin']:g}; {claim['verdict'].replace('_', ' ')}).")
+            f"({iv}margin {claim['margin']:g}; {how}).")
 
 
 def seed_overlap(pilot_seeds: Sequence[int] | None, confirm_seeds: Sequence[int], notes: list[str]) -> list[int]:
@@ -277,7 +302,7 @@ def confirm(run_dir: str | Path, recipe: str | Path, *, top: int = 2, overrides:
     retest = spec_c is not spec  # the pilot's claim is re-tested with the plan's confirm_margin
     default = next((b for b, rules in refs.items() if spec.against in rules), None)
     ranking = rank_bases(tables, spec_c, bases=chosen, default=default)
-    claim = retest_against_default(tables, spec_c, dec, default, chosen)
+    claim = retest_against_default(tables, spec_c, dec, default, chosen, ranking.seeds)
     shared = seed_overlap(dec.get("seeds"), tables.transfer["seed"].unique().tolist(), notes)
     pilot_vals = {b["base"]: b["value"] for b in sel["bases"] if b["base"] in chosen and b.get("value") is not None}
     conf_vals = ranking.table.set_index("base")["value"].to_dict()
@@ -298,6 +323,10 @@ def confirm(run_dir: str | Path, recipe: str | Path, *, top: int = 2, overrides:
                      f"; confirmation verdict: {ranking.verdict.replace('_', ' ')}"
                      + (f" (the claim re-tested with margin {spec_c.tie_margin:g}, selection.decision.confirm_margin)"
                         if retest else "") + "." + (_claim_words(claim) if claim else ""))
+        if claim and claim["held"] and not (held and ranking.verdict in CLAIMS + ("single_eligible",)):
+            statement += (f" The plan's question (the default or not) got the same answer at both budgets: "
+                          f"{after_default_claim(pilot_rec, ranking.top, records(ranking.table), spec.tie_margin)} "
+                          "is recommended, not the default.")
     naive = _naive_rows(records(ranking.table), refs, ranking.top)
     for n in naive:
         what = " and ".join({"latest": "the latest checkpoint", "lowest_bpb": "the lowest held-out bpb"}[r]

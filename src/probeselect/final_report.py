@@ -89,17 +89,14 @@ class ConfirmationStatus(NamedTuple):
     confirm_verdict: str | None
     retest_margin: float | None = None  # confirm.json's retest_margin: the pilot's claim re-tested with this margin
     claim: dict | None = None  # confirm.json's claim_retest (a beats_default claim re-tested against the default)
+    after_claim: str | None = None  # "default_beaten": confirm.after_default_claim's base
 
     @property
     def recommended(self) -> str | None:
         """The base the pipeline recommends after the confirmation: the pilot's pick when confirmed; after
-        "default_beaten" the confirmation's top when the confirmation itself makes a claim (winner or
-        beats_default), else the pilot's pick; None otherwise."""
-        if self.status == "confirmed":
-            return self.pilot_pick
-        if self.status == "default_beaten":
-            return self.confirm_top if self.confirm_verdict in ("winner", "beats_default") else self.pilot_pick
-        return None
+        "default_beaten" :func:`probeselect.confirm.after_default_claim` (the pilot's pick, or the confirmation's
+        top when the confirmation separates it from the pick by the plan's tie margin); None otherwise."""
+        return {"confirmed": self.pilot_pick, "default_beaten": self.after_claim}.get(self.status)
 
     def claim_words(self) -> str:
         """'' or, for "default_beaten", the sentence saying the pilot's claim against the default held, with the
@@ -109,15 +106,24 @@ class ConfirmationStatus(NamedTuple):
             return ""
         ci = c.get("diff_ci")
         iv = f", interval {_g(ci[0])} to {_g(ci[1])}" if ci else ""
+        how = ("; the default fails a selection constraint there, the pick passes" if c.get("default_fails_constraint")
+               else "")
+        loose = self.retest_margin is not None
         rec = self.recommended
-        there = (f"`{self.confirm_top}` is best there ({_verdict_words(self.confirm_verdict)})"
-                 + (f"; the pilot preferred `{self.pilot_pick}`, so `{rec}`'s lead over it is a result of the "
-                    "confirmation alone, not replicated" if rec != self.pilot_pick else
-                    f", but the confirmation separates no base from the others, so the pilot's pick stands"
-                    if self.confirm_top != self.pilot_pick else ""))
+        if rec != self.pilot_pick:
+            there = (f"`{rec}` is best there and ahead of the pilot's pick by more than the plan's tie margin "
+                     f"({_verdict_words(self.confirm_verdict)}): a result of the confirmation alone, not replicated")
+        elif self.confirm_top != self.pilot_pick:
+            there = (f"`{self.confirm_top}` is best there ({_verdict_words(self.confirm_verdict)}) but not ahead of "
+                     f"the pilot's pick by the plan's tie margin, so the pick stands")
+        else:
+            there = (f"`{self.pilot_pick}` is best there, though the confirmation names no winner among the bases "
+                     f"({_verdict_words(self.confirm_verdict)})")
         return (f"the pilot's claim that `{self.pilot_pick}` beats the default `{c.get('default')}` held at the "
                 f"intended budget (difference {_g(c.get('diff'))}{iv}; margin {_g(c.get('margin'))}, one "
-                f"pre-specified comparison); {there}")
+                f"pre-specified comparison{how}"
+                + ("; re-tested with the plan's confirm_margin: the claim did not reverse, it was not required to "
+                   "clear the tie margin again" if loose else "") + f"); {there}")
 
     def retest_words(self) -> str:
         """'' or ' (re-tested with margin M, the plan's confirm_margin: the claim did not reverse; it did not clear
@@ -165,7 +171,10 @@ def confirmation_status(sel: dict, conf: dict | None) -> ConfirmationStatus:
         return ConfirmationStatus("confirmed", pick, ctop, cverdict, conf.get("retest_margin"))
     claim = conf.get("claim_retest")
     if d.get("verdict") == "beats_default" and claim and claim.get("held") and claim.get("base") == pick:
-        return ConfirmationStatus("default_beaten", pick, ctop, cverdict, conf.get("retest_margin"), claim)
+        from .confirm import after_default_claim
+
+        rec = after_default_claim(pick, ctop, conf.get("confirm_table") or [], d.get("tie_margin"))
+        return ConfirmationStatus("default_beaten", pick, ctop, cverdict, conf.get("retest_margin"), claim, rec)
     return ConfirmationStatus("not_confirmed", pick, ctop, cverdict)
 
 

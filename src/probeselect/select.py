@@ -64,7 +64,7 @@ shortlist (``run_dir/shortlist.csv``), and writes ``selection.json`` and
   over the top's k - 1 comparisons); for this claim they are exact: the k - 1 differences
   "base - default" are a family fixed before the data, and the top's is one of them. The default
   itself on top is never "beats_default" (it is a clear winner or no clear winner, as without the key).
-* **Seed-sensitive bases** (:func:`seed_sensitive`, descriptive, no test): with 3 or more seeds, a base
+* **Seed-sensitive bases** (:func:`seed_sensitive`, descriptive, no test): with 3 or more seeds and bases, a base
   whose seed sd of the primary metric is more than ``SPREAD_RATIO`` (3) times the median seed sd of
   the other bases gets a note and is listed in the decision's ``seed_sensitive``. Such a base's
   outcome is often bimodal (SFT undoes a defect under some seeds only), which a t interval over a
@@ -416,16 +416,18 @@ def seed_sensitive(values: np.ndarray, bases: list[str], notes: list[str] | None
                    ratio: float = SPREAD_RATIO) -> list[str]:
     """The bases whose SFT outcome varies across seeds far more than the other bases' (module docstring,
     "Seed-sensitive bases"): seed sd above ``ratio`` times the median seed sd of the others. ``values``:
-    (bases, seeds). Needs 3 or more seeds and 2 or more bases; appends one note per flagged base."""
-    if values.ndim != 2 or values.shape[1] < 3 or values.shape[0] < 2:
+    (bases, seeds). Needs 3 or more seeds and 3 or more bases (with two, a flag could as well mean that the
+    other base is unusually steady); appends one note per flagged base."""
+    if values.ndim != 2 or values.shape[1] < 3 or values.shape[0] < 3:
         return []
     sd = np.std(values, axis=1, ddof=1)
+    tiny = 1e-9 * max(1.0, float(np.nanmax(np.abs(values))))   # a constant row's sd is rounding, not spread
     out = []
     for j, b in enumerate(bases):
         others = np.delete(sd, j)
         others = others[np.isfinite(others)]
         ref = float(np.median(others)) if others.size else math.nan
-        if not (ref > 0 and np.isfinite(sd[j]) and sd[j] > ratio * ref):
+        if not (ref > tiny and np.isfinite(sd[j]) and sd[j] > ratio * ref):
             continue
         out.append(b)
         if notes is not None:
