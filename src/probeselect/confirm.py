@@ -226,6 +226,28 @@ def after_default_claim(pick: str, confirm_top: str | None, confirm_table: Seque
     return pick
 
 
+def _naive_and_reversal_words(naive: list[dict[str, Any]], rev: list[dict[str, Any]], top: str | None) -> str:
+    """The statement's sentences on each confirmed naive choice (against the confirmation's top) and on every
+    reversal."""
+    out = ""
+    for n in naive:
+        what = " and ".join({"latest": "the latest checkpoint", "lowest_bpb": "the lowest held-out bpb"}[r]
+                            for r in n["rules"])
+        if n["is_top"]:
+            out += f" The naive choice {n['base']} ({what}) is the best base at the confirmation budget."
+        elif n["diff_vs_top"] is not None:
+            lo, hi = n["diff_vs_top_lo"], n["diff_vs_top_hi"]
+            iv = (f" (interval {lo:.3g} to {hi:.3g})" if lo is not None and hi is not None
+                  else " (no interval: one SFT seed)")
+            out += f" The naive choice {n['base']} ({what}): {top} is ahead of it by {n['diff_vs_top']:.3g}{iv}."
+        elif n["eligible"] is False:
+            out += f" The naive choice {n['base']} ({what}) fails a constraint at the confirmation budget."
+    if rev:
+        out += " Reversals: " + "; ".join(f"{r['pilot_ahead']} was ahead of {r['confirm_ahead']} in the pilot "
+                                          f"but behind at confirmation" for r in rev) + "."
+    return out
+
+
 def _claim_words(claim: dict[str, Any]) -> str:
     """The statement's sentence on a re-tested beats_default claim."""
     ci = claim["diff_ci"]
@@ -328,21 +350,7 @@ def confirm(run_dir: str | Path, recipe: str | Path, *, top: int = 2, overrides:
                           f"{after_default_claim(pilot_rec, ranking.top, records(ranking.table), spec.tie_margin)} "
                           "is recommended, not the default.")
     naive = _naive_rows(records(ranking.table), refs, ranking.top)
-    for n in naive:
-        what = " and ".join({"latest": "the latest checkpoint", "lowest_bpb": "the lowest held-out bpb"}[r]
-                            for r in n["rules"])
-        if n["is_top"]:
-            statement += f" The naive choice {n['base']} ({what}) is the best base at the confirmation budget."
-        elif n["diff_vs_top"] is not None:
-            lo, hi = n["diff_vs_top_lo"], n["diff_vs_top_hi"]
-            iv = (f" (interval {lo:.3g} to {hi:.3g})" if lo is not None and hi is not None
-                  else " (no interval: one SFT seed)")
-            statement += f" The naive choice {n['base']} ({what}): {ranking.top} is ahead of it by {n['diff_vs_top']:.3g}{iv}."
-        elif n["eligible"] is False:
-            statement += f" The naive choice {n['base']} ({what}) fails a constraint at the confirmation budget."
-    if rev:
-        statement += " Reversals: " + "; ".join(f"{r['pilot_ahead']} was ahead of {r['confirm_ahead']} in the pilot "
-                                                f"but behind at confirmation" for r in rev) + "."
+    statement += _naive_and_reversal_words(naive, rev, ranking.top)
     recipe_sha = sha256_file(Path(recipe)) if Path(recipe).is_file() else None
     rec = base_manifest("confirm", {"run_dir": str(run_dir), "recipe": str(recipe), "overrides": list(overrides),
                                     "top": top, "out_dir": str(out),
