@@ -613,3 +613,6 @@ def test_tau_by_range_reproduces_validity_and_ranks_the_eligible_range(tmp_path)
                                                                                                  index=False)
     with pytest.raises(SystemExit, match="tau_probes is 1.0 here but 0.5 in validity.csv"):
         tbr.run_rows(run)
+    (run / "seed7" / "score" / "shortlist.csv").unlink()              # an unfinished or wrong folder
+    with pytest.raises(SystemExit, match=r"seed7/score/shortlist.csv: missing; RUN_DIR must be a finished"):
+        tbr.run_rows(run)

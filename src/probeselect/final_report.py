@@ -424,8 +424,9 @@ def _decision_section(sel: dict, conf: dict | None, diag: pd.DataFrame | None,
             items.append(f"**Recommended base: `{top}`**{few_txt}. {why}, and the confirmation at the intended budget "
                          f"names it {_verdict_words(cs.confirm_verdict)} too{cs.retest_words()}.")
         elif cs.status == "default_beaten":
+            held = cs.claim_words()
             items.append(f"**Recommended base: `{cs.recommended}`**{few_txt}, not the default. In the pilot `{top}` "
-                         f"was recommended: {why[0].lower()}{why[1:]}. {cs.claim_words()[0].upper()}{cs.claim_words()[1:]}.")
+                         f"was recommended: {why[:1].lower()}{why[1:]}. {held[:1].upper()}{held[1:]}.")
         elif cs.status == "not_run":
             items.append(f"**Recommended base (pilot only, not yet confirmed): `{top}`**{few_txt}. {why}.")
         elif cs.status == "not_included":
