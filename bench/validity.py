@@ -44,7 +44,10 @@ base better than that default (:data:`DECISIVE`) -- and the pilot's decision hel
 scored as undecided; from 2026-12-06 (twenty-sixth session, declared for seeds 125 on) also decisive when
 the pilot said ``beats_default`` and that claim, re-tested against the default alone, held at the
 confirmation budget (``probeselect.final_report.confirmation_status``: "default_beaten"; the pick is then
-the report's recommendation); the probe-free pilot's verdict follows the pilot rule), ``latest``, ``lowest_bpb`` (pretraining held-out bits per byte),
+the report's recommendation); from 2026-12-06 (twenty-seventh session, for configs with ``replicate:``) also
+decisive when the confirmation made a claim of its own (the pilot named no winner, or its pick did not hold)
+and the ``replicate`` stage held it on fresh SFT seeds ("replicated"; :mod:`probeselect.replicate`); the
+probe-free pilot's verdict follows the pilot rule), ``latest``, ``lowest_bpb`` (pretraining held-out bits per byte),
 ``best_capability`` (mean capability candidate accuracy), ``probes_only`` (shortlist rank 1),
 ``probe_free_pilot``, ``random_k_pilot`` (expected over all k-subsets of the plan-eligible
 checkpoints with an oracle pilot that picks each subset's truth-best: favourable to it) and
@@ -119,7 +122,7 @@ def _run_cfg(config: Path, out: Path, seed: int, tiny: bool, curriculum: str | N
     raw = load_yaml(config)
     # the validation schedules its own worker processes (--jobs): a pipeline inside one trains its
     # bases one at a time (pilot/confirm `jobs` changes no number, only how many processes run)
-    ov += [f"{k}.jobs=1" for k in ("pilot", "confirm") if raw.get(k)]
+    ov += [f"{k}.jobs=1" for k in ("pilot", "confirm", "replicate") if raw.get(k) is not None]
     # the pipeline measured here confirms the top N only: with `confirm.references` (the demos retrain the
     # naive choices at confirmation, for the report) its pick could be the latest checkpoint whenever that wins
     # the confirmation, so "pipeline" would partly be the "latest" selector it is compared with. A plan with
@@ -582,7 +585,9 @@ def pipeline_pick(sel: dict, conf: dict | None) -> tuple[str | None, bool]:
     """The pipeline's pick and whether it is decisive (module docstring, ``pipeline``): after a confirmation, its
     top, decisive when it names a clear winner or a base better than the default and the pilot's decision held,
     or when the pilot's ``beats_default`` claim held against the default alone ("default_beaten": the report's
-    recommendation); without one, the pilot's recommendation (else its top), decisive on a claim."""
+    recommendation), or when a claim only the confirmation made held on fresh seeds ("replicated", ``conf`` with
+    ``replicate.json`` attached: :func:`probeselect.final_report.attach_replication`); without one, the pilot's
+    recommendation (else its top), decisive on a claim."""
     from probeselect.final_report import confirmation_status
 
     pilot_dec = sel["decision"]
@@ -590,7 +595,7 @@ def pipeline_pick(sel: dict, conf: dict | None) -> tuple[str | None, bool]:
         return pilot_dec.get("recommended") or pilot_dec.get("top"), pilot_dec.get("verdict") in DECISIVE
     cd = conf.get("confirm_decision") or {}
     cs = confirmation_status(sel, conf)
-    if cs.status == "default_beaten":
+    if cs.status in ("default_beaten", "replicated"):
         return cs.recommended, True
     pick = cd.get("top") or cd.get("recommended") or pilot_dec.get("recommended") or pilot_dec.get("top")
     return pick, cd.get("verdict") in DECISIVE and bool(conf.get("held", True))
@@ -609,6 +614,9 @@ def _seed_row(seed: int, out_root: Path, st: dict, ties_spec, secs: dict, facts:
     sel = json.loads((run_dir / "selection.json").read_text(encoding="utf-8"))
     conf = json.loads((run_dir / "confirm.json").read_text(encoding="utf-8")) if (run_dir / "confirm.json").is_file() \
         else None
+    from probeselect.final_report import attach_replication
+
+    conf = attach_replication(run_dir, conf, strict=True)  # replicate.json (a claim only the confirmation made, re-tested)
     pilot_dec = sel["decision"]
     ckpts = [c for c in discover_checkpoints(ladder)]
     windows = _windows_of(ladder)
@@ -934,8 +942,12 @@ def validate(seeds: list[int], out: Path, *, config: Path = ROOT / "recipes" / "
     cfg0 = _cfg(st, out, seeds[0])
     pilot_seeds = _recipe_seeds(cfg0["pilot"])
     confirm_seeds = _recipe_seeds(cfg0.get("confirm") or cfg0["pilot"])
+    rep_cfg = cfg0.get("replicate")
+    replicate_seeds = ([] if rep_cfg is None else list(rep_cfg.get("seeds") or range(
+        max(pilot_seeds + confirm_seeds) + 1, max(pilot_seeds + confirm_seeds) + 1 + len(confirm_seeds))))
     totals = {"seeds": seeds, "dev_seeds": DEV_SEEDS, "fresh": not (set(seeds) & set(DEV_SEEDS)),
               "truth_seeds": st["truth_seeds"], "pilot_seeds": pilot_seeds, "confirm_seeds": confirm_seeds,
+              **({"replicate_seeds": replicate_seeds} if rep_cfg is not None else {}),
               "truth_stream": TRUTH_STREAM, "twin_noise": st["twin_noise"], "transfer_suites": facts,
               "agree": int(df["agree"].sum()), "agree_strict": int(df["agree_strict"].sum()),
               "equiv_agree": int(df["equiv_agree"].sum()), "decisive_correct": int(df["decisive_correct"].sum()),
@@ -947,9 +959,9 @@ def validate(seeds: list[int], out: Path, *, config: Path = ROOT / "recipes" / "
               "selectors": summ.to_dict("records"),
               "seconds": round(time.perf_counter() - t0, 1), "config": str(config), "tiny": tiny,
               "curriculum": curriculum}
-    if set(pilot_seeds + confirm_seeds) & set(st["truth_seeds"]):
-        raise RuntimeError(f"truth SFT seeds {st['truth_seeds']} overlap the pilot/confirmation seeds "
-                           f"{pilot_seeds} / {confirm_seeds}; pass another --truth-seed-start.")
+    if set(pilot_seeds + confirm_seeds + replicate_seeds) & set(st["truth_seeds"]):
+        raise RuntimeError(f"truth SFT seeds {st['truth_seeds']} overlap the pilot/confirmation/replication seeds "
+                           f"{pilot_seeds} / {confirm_seeds} / {replicate_seeds}; pass another --truth-seed-start.")
     atomic_write_json(out / "validity.json", totals)
     atomic_write_text(out / "validity.md", _markdown(df) + "\n\n" + _markdown(sdf) + "\n\n" + _markdown(summ) + "\n\n"
                       + _markdown(tdf) + "\n\n"

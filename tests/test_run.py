@@ -120,6 +120,15 @@ def test_config_errors(tmp_path):
                            )["confirm"]["references"] == ["lowest_bpb", "latest"]
     cfg = load_run_config(REPO / "recipes" / "demo.yaml", ["out=/tmp/x"])
     assert cfg["_paths"]["ladder"] == "/tmp/x/ladder" and "{ladder}" not in json.dumps(cfg)
+    for bad, msg in (("replicate=[1]", "`replicate:` must be a mapping"), ("replicate={seed: [3]}", "must be a mapping"),
+                     ("replicate.seeds=[3, 3]", "replicate.seeds must be a non-empty list of distinct"),
+                     ("replicate.seeds=[-1]", "replicate.seeds must be"), ("replicate.jobs=0", "replicate.jobs must")):
+        with pytest.raises(RunConfigError, match=msg):
+            load_run_config(REPO / "recipes" / "demo.yaml", ["out=/tmp/x", bad])
+    with pytest.raises(RunConfigError, match="`replicate:` re-tests a claim of the confirmation, so it needs `confirm:`"):
+        load_run_config(REPO / "recipes" / "demo.yaml", ["out=/tmp/x", "confirm=null", "replicate={}"])
+    assert load_run_config(REPO / "recipes" / "demo.yaml", ["out=/tmp/x", "replicate.seeds=[12, 13]"]
+                           )["replicate"] == {"seeds": [12, 13]}
 
 
 def test_run_skips_up_to_date_stages_and_marks_post_hoc(tmp_path, tiny_ladder, fake_pilot):
@@ -127,7 +136,7 @@ def test_run_skips_up_to_date_stages_and_marks_post_hoc(tmp_path, tiny_ladder, f
     res = run_pipeline(cfg, progress=False, log=lambda m: None)
     status = {s.name: s.status for s in res.stages}
     assert status == {"ladder": "off", "score": "ran", "average": "off", "dynamics": "ran", "shortlist": "ran", "lock": "ran",
-                      "pilot": "ran", "select": "ran", "confirm": "ran", "report": "ran"}
+                      "pilot": "ran", "select": "ran", "confirm": "ran", "replicate": "off", "report": "ran"}
     run = tmp_path / "out" / "score"
     for f in ("summary.csv", "shortlist.csv", "plan.lock.json", "pilot/transfer.csv", "selection.json",
               "confirm.json", "report.md", "report.html"):
@@ -147,7 +156,7 @@ def test_run_skips_up_to_date_stages_and_marks_post_hoc(tmp_path, tiny_ladder, f
 
     # second run: nothing to do
     res2 = run_pipeline(cfg, progress=False, log=lambda m: None)
-    assert {s.name: s.status for s in res2.stages if s.name not in ("ladder", "average")} == {
+    assert {s.name: s.status for s in res2.stages if s.name not in ("ladder", "average", "replicate")} == {
         n: "skipped" for n in state["stages"]}
     assert len(fake_pilot) == 2
 
@@ -188,6 +197,11 @@ def test_run_skips_up_to_date_stages_and_marks_post_hoc(tmp_path, tiny_ladder, f
     n_calls = len(fake_pilot)
     res3e = run_pipeline(cfg, overrides=["confirm.references=[]"], progress=False, log=lambda m: None)
     assert [s.name for s in res3e.stages if s.status == "ran"] == [] and len(fake_pilot) == n_calls  # [] = none
+    # replicate: {}: the pilot's winner was confirmed, so nothing is trained, and replicate.json says why
+    res3f = run_pipeline(cfg, overrides=["replicate={}"], progress=False, log=lambda m: None)
+    assert [s.name for s in res3f.stages if s.status == "ran"] == ["replicate", "report"]
+    assert len(fake_pilot) == n_calls and json.loads((run / "replicate.json").read_text())["needed"] is False
+    assert "Nothing to replicate" in (run / "report.md").read_text()
 
     # the plan edited after the lock: shortlist reruns, the lock is kept, select stops POST-HOC
     plan = tmp_path / "plan.yaml"

@@ -584,6 +584,35 @@ def test_pipeline_pick_counts_a_claim_against_the_default_that_held():
                            None) == ("c2600", False)
 
 
+def test_every_declared_validation_config_loads():
+    """A config declared for a fresh run must be one `probeselect run` accepts (its keys, seeds and paths)."""
+    from probeselect.run import load_run_config
+
+    paths = sorted((REPO / "bench" / "configs").glob("*.yaml"))
+    assert len(paths) >= 4
+    for p in paths:
+        cfg = load_run_config(p, ["out=/tmp/probeselect-config-check"])
+        assert cfg["confirm"]["recipe"] and cfg["pilot"]["recipe"], p
+    rep = load_run_config(REPO / "bench" / "configs" / "late_harm_attempt18c_replicate_validity.yaml",
+                          ["out=/tmp/probeselect-config-check"])
+    assert rep["replicate"] == {"jobs": 3}
+
+
+def test_pipeline_pick_counts_a_replicated_claim_of_the_confirmation():
+    """Seed 126's case (attempt 18c): the pilot named no winner; the confirmation named 2400 a clear winner. Undecided,
+    unless a replication on fresh seeds held that claim (replicate.json attached to confirm.json)."""
+    v = _module()
+    sel = {"decision": {"verdict": "no_clear_winner", "recommended": None, "top": "c3200", "tie_margin": 0.02}}
+    conf = {"bases": ["c3200", "c2400", "c2600"], "held": None,
+            "confirm_decision": {"top": "c2400", "recommended": "c2400", "verdict": "winner"}}
+    assert v.pipeline_pick(sel, conf) == ("c2400", False)
+    rep = {"needed": True, "held": True, "claim": {"base": "c2400", "verdict": "winner", "default": None}}
+    assert v.pipeline_pick(sel, dict(conf, replication=rep)) == ("c2400", True)
+    assert v.pipeline_pick(sel, dict(conf, replication=dict(rep, held=False))) == ("c2400", False)
+    other = dict(rep, claim={"base": "c2600", "verdict": "winner", "default": None})   # not this confirmation's claim
+    assert v.pipeline_pick(sel, dict(conf, replication=other)) == ("c2400", False)
+
+
 def test_tau_by_range_reproduces_validity_and_ranks_the_eligible_range(tmp_path):
     """bench/tau_by_range.py: the "all" range is validity.csv's (it stops when it is not); the eligible range
     drops the checkpoints that fail the shortlist's constraints, where step and -bpb order the truth easily."""

@@ -64,7 +64,11 @@ def _headline(sel: dict, cs, n_seeds: int, min_seeds: int | None) -> Headline:
     bases = {b["base"]: b for b in sel["bases"]}
     few = min_seeds is not None and n_seeds < min_seeds
     prov = f" (provisional: {n_seeds} of the {min_seeds} SFT seeds the plan requires)" if few else ""
-    if verdict in ("winner", "single_eligible", "beats_default"):
+    if cs.status == "replicated":
+        cv = "a clear winner" if cs.confirm_verdict == "winner" else "better than the default"
+        line1 = (f"**Recommended base: `{cs.recommended}`**{prov}: a claim of the confirmation at the intended budget "
+                 f"({cv}), not of the pilot, replicated on fresh SFT seeds.")
+    elif verdict in ("winner", "single_eligible", "beats_default"):
         line1 = {"confirmed": f"**Recommended base: `{top}`**{prov}, confirmed at the intended budget"
                               f"{cs.retest_words()}.",
                  "default_beaten": f"**Recommended base: `{cs.recommended}`**{prov}, not the default: {cs.claim_words()}.",
@@ -209,7 +213,7 @@ def _front_page(run_dir: Path, sel: dict, cs, seeds: tuple[int, int | None], man
                      f"{'piloted' if lowest.checkpoint in piloted else 'not piloted'})")
     else:
         notes.append("no pretraining held-out bits per byte was scored, so no lowest-loss checkpoint is marked")
-    shown_rec = cs.recommended if cs.status == "default_beaten" else sel["decision"].get("recommended")
+    shown_rec = cs.recommended if cs.status in ("default_beaten", "replicated") else sel["decision"].get("recommended")
     blocks.append(Figure(_transfer_figure(sel, steps, lowest, fig_dir / "transfer.svg", shown_rec),
                          "Post-SFT transfer of each piloted base: seed mean and interval of the primary metric "
                          "(filled = eligible, red = recommended). Marked: " + "; ".join(notes) + ".",

@@ -1,8 +1,8 @@
-"""Subcommands of the final comparison: ``plan lock``, ``select``, ``confirm`` and ``run``.
+"""Subcommands of the final comparison: ``plan lock``, ``select``, ``confirm``, ``replicate`` and ``run``.
 
 Registered in :mod:`probeselect.cli` by ``add_parsers(sub)``; each command is a thin
 wrapper over a public function (:func:`probeselect.plan.lock_plan`,
-:func:`probeselect.select.select`, :func:`probeselect.confirm.confirm`,
+:func:`probeselect.select.select`, :func:`probeselect.confirm.confirm`, :func:`probeselect.replicate.replicate`,
 :func:`probeselect.run.run_pipeline`).
 """
 
@@ -88,6 +88,16 @@ def _cmd_confirm(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_replicate(args: argparse.Namespace) -> int:
+    from .replicate import replicate
+
+    check_device(args.device)
+    res = replicate(args.run_dir, seeds=args.seeds, progress=not args.no_progress, device=args.device, jobs=args.jobs)
+    print(res.statement)
+    print(f"replication: {res.json_path}")
+    return 0
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from .run import run_pipeline
 
@@ -153,9 +163,25 @@ def add_parsers(sub) -> None:
     c.add_argument("--no-progress", action="store_true", help="hide progress bars")
     c.set_defaults(func=_cmd_confirm)
 
+    rp = sub.add_parser("replicate", help="re-test on fresh SFT seeds a claim only the confirmation made",
+                        description="When the pilot named no winner (or its pick was not confirmed) and the "
+                                    "confirmation names a clear winner or a base better than the plan's default, "
+                                    "retrain that comparison with the confirmation's recipe and budget on SFT seeds "
+                                    "neither stage used, and write replicate.json (held or not). Trains nothing "
+                                    "when there is no such claim.")
+    rp.add_argument("run_dir", metavar="RUN_DIR", help="the run folder holding selection.json and confirm.json")
+    rp.add_argument("--seeds", type=int, nargs="+", default=None, metavar="SEED",
+                    help="fresh SFT seeds (default: the next ones after the pilot's and the confirmation's, as many "
+                         "as the confirmation had)")
+    rp.add_argument("--device", default="auto", help=DEVICE_HELP)
+    rp.add_argument("--jobs", default=None, metavar="N", help="retrain N bases at once in worker processes")
+    rp.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    rp.set_defaults(func=_cmd_replicate)
+
     r = sub.add_parser("run", help="run the whole pipeline from one YAML config (resumable)",
                        description="ladder -> score -> average (optional: `average: {window: K}`) -> dynamics -> "
-                                   "plan lock -> shortlist -> pilot (+ transfer) -> select -> confirm -> report. "
+                                   "plan lock -> shortlist -> pilot (+ transfer) -> select -> confirm -> replicate (optional: "
+                                   "`replicate: {}`) -> report. "
                                    "A stage whose outputs are complete and whose inputs "
                                    "are unchanged (OUT/run_state.json) is skipped. Example: recipes/demo.yaml.")
     r.add_argument("config", metavar="CONFIG", help="pipeline config YAML, e.g. recipes/demo.yaml")

@@ -83,20 +83,37 @@ def _g(x: Any) -> str:
 class ConfirmationStatus(NamedTuple):
     """How the confirmation bears on the pilot decision (see :func:`confirmation_status`)."""
 
-    status: str  # not_run | nothing_to_confirm | confirmed | default_beaten | not_confirmed | not_included
+    status: str  # not_run | nothing_to_confirm | confirmed | default_beaten | replicated | not_confirmed | not_included
     pilot_pick: str | None
     confirm_top: str | None
     confirm_verdict: str | None
     retest_margin: float | None = None  # confirm.json's retest_margin: the pilot's claim re-tested with this margin
     claim: dict | None = None  # confirm.json's claim_retest (a beats_default claim re-tested against the default)
     after_claim: str | None = None  # "default_beaten": confirm.after_default_claim's base
+    replication: dict | None = None  # replicate.json (probeselect.replicate) when it re-tested the confirmation's claim
 
     @property
     def recommended(self) -> str | None:
         """The base the pipeline recommends after the confirmation: the pilot's pick when confirmed; after
         "default_beaten" :func:`probeselect.confirm.after_default_claim` (the pilot's pick, or the confirmation's
-        top when the confirmation separates it from the pick by the plan's tie margin); None otherwise."""
+        top when the confirmation separates it from the pick by the plan's tie margin); after "replicated" the base
+        whose claim the confirmation made and fresh seeds replicated; None otherwise."""
+        if self.status == "replicated":
+            return (self.replication or {}).get("claim", {}).get("base")
         return {"confirmed": self.pilot_pick, "default_beaten": self.after_claim}.get(self.status)
+
+    def replication_words(self) -> str:
+        """'' or the replication's statement (``replicate.json``): whether the confirmation's own claim held on fresh
+        SFT seeds, with its numbers."""
+        rep = self.replication
+        if not rep or not rep.get("needed"):
+            return ""
+        earlier = rep.get("earlier_attempts") or []
+        before = "; ".join(f"seeds {a.get('seeds')}: {'held' if a.get('held') else 'did NOT hold'}" for a in earlier)
+        return str(rep.get("statement", "")).rstrip(".") + (
+            f" (attempt {len(earlier) + 1}; earlier attempts on other seeds: {before}"
+            + ("; a claim that failed once is not counted as replicated)" if any(not a.get("held") for a in earlier)
+               else ")") if earlier else "")
 
     def claim_words(self) -> str:
         """'' or, for "default_beaten", the sentence saying the pilot's claim against the default held, with the
@@ -151,10 +168,61 @@ def confirmation_status(sel: dict, conf: dict | None) -> ConfirmationStatus:
       still beats the default at the intended budget, while the top moved to another base or the confirmation
       separates none. The question the plan asks ("the default, or not?") got the same answer twice;
       :attr:`ConfirmationStatus.recommended` says which base the pipeline then recommends;
+    * ``replicated``: the pilot named no winner, or its pick was ``not_confirmed``, the confirmation made a claim
+      of its own (``winner`` or ``beats_default``) and ``conf["replication"]`` (``replicate.json``, attached by
+      :func:`attach_replication`) held it on fresh SFT seeds: that base is recommended;
     * ``nothing_to_confirm``: the pilot named no winner (whatever the confirmation found);
     * ``not_included``: the pilot's pick was not among the confirmed bases;
     * ``not_run``: no ``confirm.json``.
     """
+    cs = _status_before_replication(sel, conf)
+    rep = (conf or {}).get("replication")
+    if not rep or cs.status not in ("nothing_to_confirm", "not_confirmed"):
+        return cs
+    claim = rep.get("claim") or {}
+    ours = cs.confirm_verdict in ("winner", "beats_default") and claim.get("verdict") == cs.confirm_verdict and \
+        claim.get("base") == ((conf.get("confirm_decision") or {}).get("recommended") or cs.confirm_top)
+    if not ours:  # a replication of another claim than this confirmation's never decides
+        return cs
+    # a claim that failed on one set of fresh seeds and held on another is not replicated: retrying until it holds
+    # is a search, not a test (replicate.json keeps every attempt)
+    failed_before = any(not a.get("held") for a in rep.get("earlier_attempts") or [])
+    return cs._replace(status="replicated" if rep.get("held") and not failed_before else cs.status, replication=rep)
+
+
+def replication_needed(sel: dict, conf: dict | None) -> bool:
+    """Whether the pipeline has no recommendation without a replication of the confirmation's own claim: the pilot
+    named no winner, or its pick was not confirmed (nor its claim against the default re-established), and the
+    confirmation's verdict is ``winner`` or ``beats_default`` (:mod:`probeselect.replicate`)."""
+    if not conf:
+        return False
+    cs = _status_before_replication(sel, conf)
+    return cs.status in ("nothing_to_confirm", "not_confirmed") and cs.confirm_verdict in ("winner", "beats_default")
+
+
+def attach_replication(run_dir: str | Path, conf: dict | None, *, strict: bool = False) -> dict | None:
+    """``conf`` (``confirm.json``) with ``replicate.json`` (:mod:`probeselect.replicate`) under ``"replication"`` when
+    one exists. A replication made from another ``confirm.json`` never decides: ``strict`` raises; otherwise it is
+    left out and ``conf``'s notes say so, with the fix (the report prints them)."""
+    p = Path(run_dir) / "replicate.json"
+    if conf is None or not p.is_file():
+        return conf
+    try:
+        rep = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SelectionError(f"{p}: not valid JSON ({e}); re-run `probeselect replicate {run_dir}` or delete it.") from e
+    sel_p = Path(run_dir) / "selection.json"
+    if rep.get("confirm_sha256") != sha256_file(Path(run_dir) / "confirm.json") or (
+            sel_p.is_file() and rep.get("selection_sha256") != sha256_file(sel_p)):
+        msg = (f"{p}: made from another confirm.json or selection.json than the ones in {run_dir}, so it is not "
+               f"used; re-run `probeselect replicate {run_dir}` (or delete {p.name}).")
+        if strict:
+            raise SelectionError(msg)
+        return {**conf, "notes": list(conf.get("notes") or []) + [msg]}
+    return {**conf, "replication": rep}
+
+
+def _status_before_replication(sel: dict, conf: dict | None) -> ConfirmationStatus:
     d = sel.get("decision", {})
     pick = d.get("recommended") or (d.get("top") if d.get("verdict") in _WINNING else None)
     if d.get("verdict") not in _WINNING:
@@ -223,8 +291,9 @@ def _diag_summary(diag: pd.DataFrame, what: str) -> str:
     return txt
 
 
-def _run_correctness(sel: dict, diag: pd.DataFrame | None, conf_diag: pd.DataFrame | None) -> list[str]:
-    """The top "Run correctness" bullet: the pilot's and the confirmation's runs."""
+def _run_correctness(sel: dict, diag: pd.DataFrame | None, conf_diag: pd.DataFrame | None,
+                     rep_diag: pd.DataFrame | None = None) -> list[str]:
+    """The top "Run correctness" bullet: the pilot's, the confirmation's and a replication's runs."""
     parts = []
     if diag is not None and len(diag):
         parts.append(_diag_summary(diag, "pilot"))
@@ -232,6 +301,8 @@ def _run_correctness(sel: dict, diag: pd.DataFrame | None, conf_diag: pd.DataFra
         parts.append("pilot runs: no diagnostics recorded")
     if conf_diag is not None and len(conf_diag):
         parts.append(_diag_summary(conf_diag, "confirmation"))
+    if rep_diag is not None and len(rep_diag):
+        parts.append(_diag_summary(rep_diag, "replication"))
     for b in sel.get("score_nonfinite") or []:  # from the score manifest (probeselect._guards)
         parts.append(f"scored checkpoint `{b.get('checkpoint')}` is invalid: " + " and ".join(
             w for w in ((f"{b.get('n_weights')} weight tensor(s) hold NaN/inf" if b.get("n_weights") else ""),
@@ -388,9 +459,35 @@ def _confirm_command(run_dir: Path, top) -> str:
             "(e.g. a copy with a larger `budget:`)")
 
 
+def _confirmation_bullet(conf: dict | None, cs: ConfirmationStatus, run_dir: Path) -> str:
+    """The Decision section's confirmation bullet: what the confirmation (and a replication) says of the pick."""
+    if conf is None:
+        return ("**Confirmation**: not run. Confirm at the intended budget before committing "
+                f"({_confirm_command(run_dir, 2)}).")
+    rep_words = cs.replication_words()
+    rep = f" {rep_words}." if rep_words else ""
+    tail = (f" Kendall tau between pilot and confirmation rankings of {len(conf.get('pilot_values') or {})} bases: "
+            f"{_g(conf.get('kendall_tau'))}; {len(conf.get('reversals', []))} reversal(s).")
+    there = f"at the confirmation budget `{cs.confirm_top or 'no base'}` is best ({_verdict_words(cs.confirm_verdict)})"
+    if cs.status == "confirmed":
+        return f"**Confirmation confirms `{cs.pilot_pick}`**: {there}{cs.retest_words()}." + tail
+    if cs.status == "replicated":
+        return f"**Confirmation's own claim replicated**: {there}; {rep_words}." + tail
+    if cs.status == "default_beaten":
+        return f"**Confirmation confirms the claim against the default**: {cs.claim_words()}." + tail
+    if cs.status == "not_confirmed":
+        return f"**Confirmation does not confirm `{cs.pilot_pick}`**: {there}.{rep}" + tail
+    if cs.status == "not_included":
+        return f"**Confirmation did not include the pilot pick `{cs.pilot_pick}`**: {there}." + tail
+    new = (" A winner found only at the confirmation budget is a new, unreplicated result."
+           if cs.confirm_verdict in _WINNING else "")
+    return (f"**Confirmation** (the pilot named no winner, so there was no pick to confirm): {there}.{rep or new}"
+            + tail)
+
+
 def _decision_section(sel: dict, conf: dict | None, diag: pd.DataFrame | None,
                       conf_diag: pd.DataFrame | None = None, transfer: pd.DataFrame | None = None,
-                      run_dir: Path = Path(".")) -> Section:
+                      run_dir: Path = Path("."), rep_diag: pd.DataFrame | None = None) -> Section:
     d = sel["decision"]
     prim = sel["selection_plan"]["primary"]
     metric, direction = prim["metric"], prim["direction"]
@@ -414,7 +511,14 @@ def _decision_section(sel: dict, conf: dict | None, diag: pd.DataFrame | None,
     verdict = d["verdict"]
     cs = confirmation_status(sel, conf)
     # The headline: the pilot's verdict as qualified by the confirmation, so the top lines never contradict.
-    if verdict in _WINNING:
+    rep_words = cs.replication_words()
+    if cs.status == "replicated":
+        items.append(f"**Recommended base: `{cs.recommended}`**{few_txt}. The pilot "
+                     + (f"recommended `{top}`, which the confirmation did not confirm" if cs.pilot_pick else
+                        f"named no winner ({_verdict_words(verdict)})")
+                     + f"; the confirmation at the intended budget names `{cs.recommended}` "
+                     f"{_verdict_words(cs.confirm_verdict)}, and that claim was re-tested: {rep_words}.")
+    elif verdict in _WINNING:
         why = (f"It has the best {metric} ({direction} is better) among the bases that pass the transfer constraints"
                if verdict == "winner" else
                f"It beats the default `{d.get('default')}` ({d.get('against')}) by more than the tie margin on {metric}, "
@@ -437,13 +541,15 @@ def _decision_section(sel: dict, conf: dict | None, diag: pd.DataFrame | None,
                      if cs.confirm_top == top else
                      f"`{cs.confirm_top or 'no base'}` is best there ({_verdict_words(cs.confirm_verdict)})")
             items.append(f"**Pilot pick `{top}` not confirmed**{few_txt}: at the confirmation budget {there}. "
-                         "No recommendation stands; run more seeds or decide on other grounds.")
+                         + (f"{rep_words}. " if rep_words else "")
+                         + "No recommendation stands; run more seeds or decide on other grounds.")
     elif verdict == "no_clear_winner":
         reason = d.get("reason")
         items.append(f"**No clear winner** between `{top}` and `{ru}`" +
                      (f": {reason}" if reason else f": the interval of their {metric} difference reaches into the tie "
                       f"margin ({_g(d.get('tie_margin'))})") +
-                     ". Pick on other grounds (cost, the confirmation run) or run more seeds/items.")
+                     ". " + (f"{rep_words}. " if rep_words else "")
+                     + "Pick on other grounds (cost, the confirmation run) or run more seeds/items.")
     else:
         items.append("**No recommendation**: no piloted base passes the transfer constraints (table below).")
     if few:
@@ -468,31 +574,11 @@ def _decision_section(sel: dict, conf: dict | None, diag: pd.DataFrame | None,
         items.append(f"**Predeclared**: the plan `{shown_path(sel.get('plan_path'), run_dir)}` (sha256 "
                      f"`{str(sel.get('plan_sha256'))[:12]}`) was locked (time in `plan.lock.json`) before any pilot or "
                      "transfer result existed, and is unchanged since.")
-    if conf is None:
-        items.append("**Confirmation**: not run. Confirm at the intended budget before committing "
-                     f"({_confirm_command(run_dir, 2)}).")
-    else:
-        tail = (f" Kendall tau between pilot and confirmation rankings of {len(conf.get('pilot_values') or {})} "
-                "bases: "
-                f"{_g(conf.get('kendall_tau'))}; {len(conf.get('reversals', []))} reversal(s).")
-        there = (f"at the confirmation budget `{cs.confirm_top or 'no base'}` is best "
-                 f"({_verdict_words(cs.confirm_verdict)})")
-        if cs.status == "confirmed":
-            items.append(f"**Confirmation confirms `{cs.pilot_pick}`**: {there}{cs.retest_words()}." + tail)
-        elif cs.status == "default_beaten":
-            items.append(f"**Confirmation confirms the claim against the default**: {cs.claim_words()}." + tail)
-        elif cs.status == "not_confirmed":
-            items.append(f"**Confirmation does not confirm `{cs.pilot_pick}`**: {there}." + tail)
-        elif cs.status == "not_included":
-            items.append(f"**Confirmation did not include the pilot pick `{cs.pilot_pick}`**: {there}." + tail)
-        else:
-            items.append(f"**Confirmation** (the pilot named no winner, so there was no pick to confirm): {there}."
-                         + (" A winner found only at the confirmation budget is a new, unreplicated result."
-                            if cs.confirm_verdict in _WINNING else "") + tail)
+    items.append(_confirmation_bullet(conf, cs, run_dir))
     naive = _naive_bullet(sel, run_dir, metric, level, conf)
     if naive:
         items.append(naive)
-    items.extend(_run_correctness(sel, diag, conf_diag))
+    items.extend(_run_correctness(sel, diag, conf_diag, rep_diag))
     items.extend(_floor_ceiling_bullets(transfer, sel))
     pv = [p for p in sel.get("proxy_validation", []) if p.get("spearman") is not None]
     null = sel.get("null") or {}
@@ -606,6 +692,8 @@ _STATUS_WORDS = {
     "confirmed": "The confirmation confirms the pilot pick `{pick}`: the same base is {cv} at the intended budget.",
     "not_confirmed": "The pilot pick `{pick}` is not confirmed: at the intended budget `{top}` is best ({cv}).",
     "default_beaten": "The confirmation confirms the pilot's claim against the default: {claim}.",
+    "replicated": "The confirmation names `{top}` {cv}, a claim of its own (the pilot did not make it), and it was "
+                  "replicated: {rep}.",
     "not_included": "The pilot pick `{pick}` was not among the confirmed bases.",
     "nothing_to_confirm": "The pilot named no winner, so there was no pick to confirm; at the intended budget `{top}` is "
                           "best ({cv}).",
@@ -633,7 +721,13 @@ def _confirm_section(conf: dict | None, sel: dict | None = None, run_dir: Path =
     cs = confirmation_status(sel or {}, conf)
     said = _STATUS_WORDS.get(cs.status, "{top}").replace(" at the intended budget.", " at the intended budget"
                                                          + cs.retest_words() + ".").format(pick=cs.pilot_pick, top=cs.confirm_top or "no base",
-                                                        cv=_verdict_words(cs.confirm_verdict), claim=cs.claim_words())
+                                                        cv=_verdict_words(cs.confirm_verdict), claim=cs.claim_words(),
+                                                        rep=cs.replication_words())
+    if cs.status != "replicated" and cs.replication_words():
+        said += f" {cs.replication_words()}."
+    elif cs.status != "replicated" and (conf.get("replication") or {}).get("needed") is False:
+        said += f" {conf['replication'].get('statement', '')}"
+
     recipe = shown_path(conf["config"].get("recipe"), run_dir)
     s.blocks.append(Para(f"Recipe `{recipe}` (sha256 `{str(conf.get('recipe_sha256'))[:12]}`), "
                          f"top {conf['config'].get('top')} pilot bases{_added_naive(conf)}. {said}"))
@@ -737,7 +831,7 @@ def write_selection_report(run_dir: str | Path, *, averaged_run_dir: str | Path 
     from ._live_selection import live_selection
 
     sel = live_selection(run_dir, sel)  # POST-HOC/predeclared from the lock and plan as they are now
-    conf = _read_json(run_dir / "confirm.json")
+    conf = attach_replication(run_dir, _read_json(run_dir / "confirm.json"))
     if conf and conf.get("selection_sha256") != sha256_file(run_dir / "selection.json"):
         conf = dict(conf, notes=list(conf.get("notes", [])) + [
             "selection.json changed after this confirmation was run; re-run `probeselect confirm`."])
@@ -749,7 +843,9 @@ def write_selection_report(run_dir: str | Path, *, averaged_run_dir: str | Path 
     pilot_man = _read_json(run_dir / "pilot" / "manifest.json")
     probe = probe_sections(run_dir, averaged_run_dir=averaged_run_dir)
     probe.summary.title = "Probe evidence summary"
-    decision = _decision_section(sel, conf, diag, conf_diag, transfer, run_dir)
+    rep_out = ((conf or {}).get("replication") or {}).get("out_dir")
+    rep_diag = _read_csv(Path(rep_out) / "diagnostics.csv") if rep_out else None
+    decision = _decision_section(sel, conf, diag, conf_diag, transfer, run_dir, rep_diag)
     decision.blocks.insert(0, Para("The decision in plain words first; the evidence follows."))
     prov = provenance_section(probe.manifest, run_dir)
     prov.blocks.insert(0, Bullets(_selection_provenance(run_dir, sel, conf, pilot_man)))

@@ -18,6 +18,10 @@ Stages, in order (``OUT`` = the config's ``out``; ``RUN`` = ``OUT/score``)::
     select     RUN/selection.json, selection.csv
     confirm    top N (and `confirm.references`, the naive choices) retrained with the confirmation
                recipe -> RUN/confirm/, RUN/confirm.json
+    replicate  optional (``replicate: {}``, or ``{seeds: [...], jobs: N}``): when the confirmation made a claim
+               the pilot did not (probeselect.replicate), retrain it on fresh SFT seeds at the confirmation
+               budget -> RUN/replicate/seeds-.../, RUN/replicate.json (trains nothing when there is no such
+               claim)
     report     RUN/report.md, RUN/report.html
 
 Resumable: ``OUT/run_state.json`` records, per stage, a hash of its inputs (its config
@@ -47,8 +51,10 @@ from .errors import ProbeselectError, did_you_mean
 
 __all__ = ["RunConfigError", "StageResult", "RunResult", "load_run_config", "run_pipeline", "STAGES"]
 
-STAGES = ("ladder", "score", "average", "dynamics", "lock", "shortlist", "pilot", "select", "confirm", "report")
-_TOP_KEYS = ("out", "ladder", "score", "average", "plan", "pilot", "select", "confirm", "report", "device")
+STAGES = ("ladder", "score", "average", "dynamics", "lock", "shortlist", "pilot", "select", "confirm", "replicate",
+          "report")
+_TOP_KEYS = ("out", "ladder", "score", "average", "plan", "pilot", "select", "confirm", "replicate", "report",
+             "device")
 _SCORE_KEYS = ("probes", "seeds", "n_items", "heldout", "audit_items", "max_batch_tokens", "dtype", "max_length",
                "on_overflow", "calibrate")
 
@@ -225,6 +231,7 @@ def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str
         if j is not None and (isinstance(j, bool) or not isinstance(j, int) or j < 1):
             raise RunConfigError(f"{src}: {k}.jobs must be an integer >= 1 (bases trained at once in worker "
                                  f"processes; the numbers do not depend on it); got {j!r}.")
+    _check_replicate(src, cfg)
     run_dir = out / "score"
     subs = {"out": str(out), "ladder": str(ladder_dir), "run": str(run_dir)}
     cfg = _substitute(cfg, subs)
@@ -233,6 +240,27 @@ def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str
             _check_substituted_override(src, k, ov, subs)
     cfg["_paths"] = {"out": str(out), "ladder": str(ladder_dir), "run": str(run_dir), "config": src}
     return cfg
+
+
+def _check_replicate(src: str, cfg: dict) -> None:
+    """``replicate:``: absent/null (off), or a mapping with optional ``seeds`` (distinct integers >= 0) and ``jobs``;
+    it needs ``confirm:`` (it re-tests the confirmation's claim with the confirmation's recipe)."""
+    rep = cfg.get("replicate")
+    if rep is None:
+        return
+    if not isinstance(rep, dict) or any(k not in ("seeds", "jobs") for k in rep):
+        raise RunConfigError(f"{src}: `replicate:` must be a mapping with optional seeds (fresh SFT seeds) and jobs, "
+                             f"e.g. `replicate: {{}}` or `replicate: {{seeds: [12, 13, 14]}}`; got {rep!r}.")
+    if cfg.get("confirm") is None:
+        raise RunConfigError(f"{src}: `replicate:` re-tests a claim of the confirmation, so it needs `confirm:`.")
+    seeds = rep.get("seeds")
+    if seeds is not None and (not isinstance(seeds, list) or not seeds or len(set(map(str, seeds))) != len(seeds)
+                              or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in seeds)):
+        raise RunConfigError(f"{src}: replicate.seeds must be a non-empty list of distinct integers >= 0 (SFT seeds "
+                             f"neither the pilot nor the confirmation uses); got {seeds!r}.")
+    j = rep.get("jobs")
+    if j is not None and (isinstance(j, bool) or not isinstance(j, int) or j < 1):
+        raise RunConfigError(f"{src}: replicate.jobs must be an integer >= 1; got {j!r}.")
 
 
 # ---------------------------------------------------------------------------
@@ -376,6 +404,7 @@ class _Pipeline:
         self.sc = cfg["score"]
         self.pilot_cfg = cfg["pilot"]
         self.conf_cfg = cfg.get("confirm")
+        self.rep_cfg = cfg.get("replicate")
         self.sel_cfg = cfg.get("select") or {}
         self.avg_cfg = cfg.get("average") or None
         self.toy = cfg["ladder"].get("toy") if isinstance(cfg["ladder"], dict) else None
@@ -530,6 +559,14 @@ class _Pipeline:
                       jobs=self._jobs("confirm", conf_cfg), references=conf_cfg.get("references") or ())
         return res.statement
 
+    def do_replicate(self) -> str:
+        from .replicate import replicate
+
+        rc = self.rep_cfg or {}
+        res = replicate(self.run, seeds=rc.get("seeds"), progress=self.progress, device=self.device,
+                        jobs=self._jobs("replicate", rc))
+        return res.statement
+
     def do_report(self) -> str:
         from .report import write_report
 
@@ -573,7 +610,13 @@ class _Pipeline:
                    lambda: files("selection.json", "selection.csv"), self.do_select),
             _Stage("confirm", self._confirm_key, lambda: files("confirm.json"), self.do_confirm,
                    enabled=conf_cfg is not None),
+            _Stage("replicate", lambda: {"confirm": _hash_files(files("selection.json", "confirm.json")),
+                                         "seeds": (self.rep_cfg or {}).get("seeds")},
+                   lambda: files("replicate.json"), self.do_replicate,
+                   enabled=conf_cfg is not None and self.rep_cfg is not None,
+                   off_detail="`replicate:` not set (off unless configured; e.g. replicate: {})"),
             _Stage("report", lambda: _hash_files(files("selection.json", "selection.csv", "confirm.json",
+                                                       "replicate.json",
                                                        "shortlist.json", "shortlist.csv", "summary.csv",
                                                        "averaged/summary.csv", "dynamics/dynamics.csv",
                                                        "dynamics/attribution_families.csv",
