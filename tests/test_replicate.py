@@ -96,7 +96,10 @@ def test_a_winner_found_only_at_the_confirmation_is_replicated_and_recommended(t
            "winner), not of the pilot, replicated on fresh SFT seeds." in md                  # front page
     assert "**Recommended base: `checkpoint-50`**. The pilot named no winner" in md         # decision headline
     assert "**Confirmation's own claim replicated**" in md
-    assert "a claim of its own (the pilot did not make it), and it was replicated" in md    # section
+    assert "a claim of its own (the pilot did not make it). The confirmation's own claim (checkpoint-50 is a clear " \
+           "winner) held on fresh SFT seeds [6, 7, 8]" in md                                   # section
+    assert "**How sure (the pilot)**" in md
+    assert "checkpoint-50 - checkpoint-" in js["statement"] and "Bonferroni over 2 comparisons" in js["statement"]
     assert "not replicated" not in md and "unreplicated" not in md
 
 

@@ -472,7 +472,7 @@ def _confirmation_bullet(conf: dict | None, cs: ConfirmationStatus, run_dir: Pat
     if cs.status == "confirmed":
         return f"**Confirmation confirms `{cs.pilot_pick}`**: {there}{cs.retest_words()}." + tail
     if cs.status == "replicated":
-        return f"**Confirmation's own claim replicated**: {there}; {rep_words}." + tail
+        return f"**Confirmation's own claim replicated**: {there}. {rep_words}." + tail
     if cs.status == "default_beaten":
         return f"**Confirmation confirms the claim against the default**: {cs.claim_words()}." + tail
     if cs.status == "not_confirmed":
@@ -517,7 +517,7 @@ def _decision_section(sel: dict, conf: dict | None, diag: pd.DataFrame | None,
                      + (f"recommended `{top}`, which the confirmation did not confirm" if cs.pilot_pick else
                         f"named no winner ({_verdict_words(verdict)})")
                      + f"; the confirmation at the intended budget names `{cs.recommended}` "
-                     f"{_verdict_words(cs.confirm_verdict)}, and that claim was re-tested: {rep_words}.")
+                     f"{_verdict_words(cs.confirm_verdict)}, and that claim was re-tested. {rep_words}.")
     elif verdict in _WINNING:
         why = (f"It has the best {metric} ({direction} is better) among the bases that pass the transfer constraints"
                if verdict == "winner" else
@@ -558,7 +558,8 @@ def _decision_section(sel: dict, conf: dict | None, diag: pd.DataFrame | None,
                      "seeds before acting on it.")
     if top and ru:
         ci = d.get("diff_ci") or [None, None]
-        how = (f"**How sure**: {metric} of `{top}` {val(top)} vs runner-up `{ru}` {val(ru)}, {scope}. Difference "
+        how = (f"**How sure{' (the pilot)' if cs.status == 'replicated' else ''}**: {metric} of `{top}` {val(top)} vs "
+               f"runner-up `{ru}` {val(ru)}, {scope}. Difference "
                f"{_g(d.get('diff'))} ({_pct(level)} interval {_g(ci[0])} to {_g(ci[1])}"
                + f", {d.get('interval') or 'paired bootstrap over items and seeds'}; tie margin {_g(d.get('tie_margin'))})")
         if d.get("p_top_beats_runner_up") is not None:
@@ -692,8 +693,7 @@ _STATUS_WORDS = {
     "confirmed": "The confirmation confirms the pilot pick `{pick}`: the same base is {cv} at the intended budget.",
     "not_confirmed": "The pilot pick `{pick}` is not confirmed: at the intended budget `{top}` is best ({cv}).",
     "default_beaten": "The confirmation confirms the pilot's claim against the default: {claim}.",
-    "replicated": "The confirmation names `{top}` {cv}, a claim of its own (the pilot did not make it), and it was "
-                  "replicated: {rep}.",
+    "replicated": "The confirmation names `{top}` {cv}, a claim of its own (the pilot did not make it). {rep}.",
     "not_included": "The pilot pick `{pick}` was not among the confirmed bases.",
     "nothing_to_confirm": "The pilot named no winner, so there was no pick to confirm; at the intended budget `{top}` is "
                           "best ({cv}).",

@@ -147,8 +147,12 @@ def _test_claim(tables, spec_r, claim: dict[str, Any], bases: list[str], conf: d
     default = (conf.get("confirm_decision") or {}).get("default")
     ranking = rank_bases(tables, spec_r, bases=bases, default=default if default in bases else None)
     held = ranking.top == claim["base"] and ranking.verdict in ("winner", "single_eligible")
-    detail = (f"{ranking.top or 'no base'} is best there ({ranking.verdict.replace('_', ' ')}; "
-              f"{ranking.reason or 'margin ' + format(spec_r.tie_margin, 'g')})")
+    ci = ranking.diff_ci
+    vs = (f"; {ranking.top} - {ranking.runner_up} = {ranking.diff:.4g}"
+          + (f" (interval {ci[0]:.4g} to {ci[1]:.4g}, Bonferroni over {ranking.n_comparisons} comparison{'s' if ranking.n_comparisons != 1 else ''})" if ci else "")
+          if ranking.runner_up and ranking.diff is not None else "")
+    detail = (f"{ranking.top or 'no base'} is best there ({ranking.verdict.replace('_', ' ')}, "
+              f"margin {spec_r.tie_margin:g}{vs}{'; ' + ranking.reason if ranking.reason else ''})")
     return ranking, None, held, detail
 
 
