@@ -255,10 +255,12 @@ def test_run_end_to_end_with_the_real_pilot(tmp_path, tiny_ladder):
     cfg["average"] = {"window": 4}  # 8 checkpoints -> 5 averages, scored into RUN/averaged
     cfg["pilot"]["overrides"] = small + ["budget.optimizer_steps=2", "checkpointing.every=2"]
     cfg["confirm"]["overrides"] = small + ["budget.optimizer_steps=3", "checkpointing.every=3"]
+    cfg["replicate"] = {}  # runs on the real confirmation's record (it trains only when the confirmation alone claimed)
     p = tmp_path / "e2e.yaml"
     p.write_text(json.dumps(cfg))
     res = run_pipeline(p, progress=False, log=lambda m: None)
-    assert [s.status for s in res.stages] == ["off"] + ["ran"] * 9
+    assert [s.status for s in res.stages] == ["off"] + ["ran"] * 10
+    assert "needed" in json.loads((tmp_path / "out" / "score" / "replicate.json").read_text())
     run = tmp_path / "out" / "score"
     avg = pd.read_csv(run / "averaged" / "summary.csv")
     assert avg["checkpoint"].nunique() == 5 and (tmp_path / "out" / "ladder-avg4").is_dir()

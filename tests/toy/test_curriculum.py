@@ -353,8 +353,8 @@ def test_small_late_harm_ladder_loss_improves_while_the_pattern_margin_falls(tmp
 
 def test_demo_late_is_the_demo_on_the_late_harm_ladder():
     """recipes/demo-late.yaml (make demo-late) differs from recipes/demo.yaml only in its output
-    folder, the ladder's curriculum, the plan and the pilot's and confirmation's 6 SFT seeds (the
-    plan's min_sft_seeds, which the recipes meet); the plan ranks every conflict family the demo scores
+    folder, the ladder's curriculum, the plan, the pilot's and confirmation's 6 SFT seeds (the
+    plan's min_sft_seeds, which the recipes meet) and its replicate stage; the plan ranks every conflict family the demo scores
     and shortlists one base more than the default (k = 4: one per data window and the best remaining)."""
     import dataclasses
 
@@ -370,7 +370,8 @@ def test_demo_late_is_the_demo_on_the_late_harm_ladder():
                               ("confirm", "seeds=[6, 7, 8, 9, 10, 11]", (6, 7, 8, 9, 10, 11))):
         assert late[stage]["overrides"] == [six] + demo[stage]["overrides"]
         assert load_recipe(ROOT / late[stage]["recipe"], [six], check_files=False).seeds == seeds
-    drop = ("ladder", "plan", "out", "pilot", "confirm")
+    assert late["replicate"] == {"jobs": 3} and "replicate" not in demo
+    drop = ("ladder", "plan", "out", "pilot", "confirm", "replicate")
     assert {k: v for k, v in late.items() if k not in drop} == {k: v for k, v in demo.items() if k not in drop}
     for stage in ("pilot", "confirm"):
         assert {k: v for k, v in late[stage].items() if k != "overrides"} == \
