@@ -168,8 +168,18 @@ def test_bad_or_stale_input_is_refused_with_the_fix(tmp_path, monkeypatch):
         replicate(d)
 
 
-def test_fresh_seeds_follow_every_used_seed():
+def test_fresh_seeds_follow_every_used_seed(tmp_path):
+    from probeselect.replicate import used_seeds
+
     assert fresh_seeds({0, 1, 2, 9}, 3) == [10, 11, 12] and fresh_seeds(set(), 2) == [0, 1]
+    # seeds trained but left out of a decision (a failed run) and a confirmation written elsewhere count as used
+    (tmp_path / "pilot").mkdir()
+    (tmp_path / "pilot" / "transfer.csv").write_text("base,seed,metric,value\nb,0,m,1\nb,4,m,1\n")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "transfer.csv").write_text("base,seed,metric,value\nb,7,m,1\n")
+    sel = {"decision": {"seeds": [0]}}
+    conf = {"confirm_decision": {"seeds": [5]}, "config": {"out_dir": str(tmp_path / "elsewhere")}}
+    assert used_seeds(tmp_path, sel, conf) == {0, 4, 5, 7}
 
 
 def test_cli_replicate(tmp_path, monkeypatch, capsys):
@@ -251,3 +261,28 @@ def test_too_few_replication_seeds_are_refused_before_training(tmp_path, monkeyp
     with pytest.raises(SelectionError, match=r"2 seed\(s\), but the plan's selection.min_sft_seeds is 3"):
         replicate(d, seeds=[30, 31])
     assert calls == []
+
+
+def test_a_pilot_with_too_few_seeds_does_not_make_a_replicated_recommendation_provisional(tmp_path, monkeypatch):
+    """The plan asks for 4 SFT seeds; the pilot trained 3, the confirmation 4. The replication trains 4 (the plan's
+    minimum), so its recommendation is not "provisional", and the seed warning names the pilot."""
+    d = make_score_run(tmp_path / "run")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(PLAN + "  min_sft_seeds: 4\n")
+    lock_plan(plan, d, allow_weak=True)
+    shortlist(d, plan)
+    write_fake_pilot(d / "pilot", _truth(PILOT_TIE), n_items=3000)
+    select(d)
+    recipe = tmp_path / "confirm.yaml"
+    shutil.copy("recipes/confirm.yaml", recipe)
+    monkeypatch.setattr(confirm_mod, "_load_pilot_fn", lambda: lambda bases, recipe, out_dir, **kw: write_fake_pilot(
+        out_dir, {b.name: _truth(CONF_WINNER)[b.name] for b in bases}, n_items=3000, rng_seed=1, seeds=(3, 4, 5, 6)))
+    confirm(d, recipe, top=3)
+    calls = []
+    _replication_data(monkeypatch, CONF_WINNER, calls)
+    res = replicate(d)
+    assert res.held is True and json.loads((d / "replicate.json").read_text())["seeds"] == [7, 8, 9, 10]
+    md = write_report(d).md.read_text()
+    assert "**Recommended base: `checkpoint-50`**: a claim of the confirmation" in md
+    assert "**Recommended base: `checkpoint-50`**. The pilot named no winner" in md
+    assert "**Too few SFT seeds in the pilot**: 3 of the 4" in md and "this decision rests on 3" not in md

@@ -66,7 +66,7 @@ def _headline(sel: dict, cs, n_seeds: int, min_seeds: int | None) -> Headline:
     prov = f" (provisional: {n_seeds} of the {min_seeds} SFT seeds the plan requires)" if few else ""
     if cs.status == "replicated":
         cv = "a clear winner" if cs.confirm_verdict == "winner" else "better than the default"
-        line1 = (f"**Recommended base: `{cs.recommended}`**{prov}: a claim of the confirmation at the intended budget "
+        line1 = (f"**Recommended base: `{cs.recommended}`**: a claim of the confirmation at the intended budget "
                  f"({cv}), not of the pilot, replicated on fresh SFT seeds.")
     elif verdict in ("winner", "single_eligible", "beats_default"):
         line1 = {"confirmed": f"**Recommended base: `{top}`**{prov}, confirmed at the intended budget"

@@ -513,7 +513,7 @@ def _decision_section(sel: dict, conf: dict | None, diag: pd.DataFrame | None,
     # The headline: the pilot's verdict as qualified by the confirmation, so the top lines never contradict.
     rep_words = cs.replication_words()
     if cs.status == "replicated":
-        items.append(f"**Recommended base: `{cs.recommended}`**{few_txt}. The pilot "
+        items.append(f"**Recommended base: `{cs.recommended}`**. The pilot "
                      + (f"recommended `{top}`, which the confirmation did not confirm" if cs.pilot_pick else
                         f"named no winner ({_verdict_words(verdict)})")
                      + f"; the confirmation at the intended budget names `{cs.recommended}` "
@@ -552,7 +552,11 @@ def _decision_section(sel: dict, conf: dict | None, diag: pd.DataFrame | None,
                      + "Pick on other grounds (cost, the confirmation run) or run more seeds/items.")
     else:
         items.append("**No recommendation**: no piloted base passes the transfer constraints (table below).")
-    if few:
+    if few and cs.status == "replicated":  # the replication trains at least min_sft_seeds (probeselect.replicate)
+        items.append(f"**Too few SFT seeds in the pilot**: {n_seeds} of the {min_seeds} the plan requires "
+                     "(`selection.min_sft_seeds`); the recommendation rests on the confirmation and its replication "
+                     f"(at least {min_seeds} seeds), not on the pilot.")
+    elif few:
         items.append(f"**Too few SFT seeds**: this decision rests on {n_seeds} SFT seed{'s' if n_seeds != 1 else ''}; "
                      f"the plan requires at least {min_seeds} (`selection.min_sft_seeds`). Re-run the pilot with more "
                      "seeds before acting on it.")

@@ -71,11 +71,15 @@ def replication_claim(sel: dict[str, Any], conf: dict[str, Any] | None) -> dict[
 
 
 def used_seeds(run_dir: Path, sel: dict[str, Any], conf: dict[str, Any]) -> set[int]:
-    """Every SFT seed the pilot and the confirmation trained: their decisions' seeds and their transfer tables'."""
+    """Every SFT seed the pilot and the confirmation trained: their decisions' seeds and their transfer tables'
+    (``RUN/pilot``, ``RUN/confirm`` and the confirmation's own ``out_dir`` when it wrote elsewhere)."""
     used = set(int(s) for s in (sel.get("decision") or {}).get("seeds") or [])
     used |= set(int(s) for s in (conf.get("confirm_decision") or {}).get("seeds") or [])
-    for stage in ("pilot", "confirm"):
-        t = run_dir / stage / "transfer.csv"
+    folders = [run_dir / "pilot", run_dir / "confirm"]
+    if (conf.get("config") or {}).get("out_dir"):
+        folders.append(Path(conf["config"]["out_dir"]))
+    for folder in folders:
+        t = folder / "transfer.csv"
         if t.is_file():
             import pandas as pd
 
