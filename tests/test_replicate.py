@@ -27,13 +27,14 @@ def _truth(vals):
     return {b: {A: a, "termination": 0.9} for b, a in vals.items()}
 
 
-def _run(tmp_path, monkeypatch, pilot, confirmation, *, against=False):
-    """A run whose pilot (seeds 0-2) draws from ``pilot`` and whose confirmation (seeds 3-5, top 3) from
-    ``confirmation``; the confirmation recipe is a copy under tmp_path. Returns (run dir, recipe, calls)."""
+def _run(tmp_path, monkeypatch, pilot, confirmation, *, against=False, plan_extra="", conf_seeds=(3, 4, 5)):
+    """A run whose pilot (seeds 0-2) draws from ``pilot`` and whose confirmation (``conf_seeds``, top 3) from
+    ``confirmation``; the confirmation recipe is a copy under tmp_path; ``plan_extra``: lines appended to the
+    plan's selection block. Returns (run dir, recipe, calls)."""
     d = make_score_run(tmp_path / "run")
     plan = tmp_path / "plan.yaml"
     dec = "decision: {tie_margin: 0.02, against: latest}" if against else "decision: {tie_margin: 0.02}"
-    plan.write_text(PLAN.replace("decision: {tie_margin: 0.02}", dec))
+    plan.write_text(PLAN.replace("decision: {tie_margin: 0.02}", dec) + plan_extra)
     lock_plan(plan, d, allow_weak=True)
     shortlist(d, plan)
     write_fake_pilot(d / "pilot", _truth(pilot), n_items=3000)
@@ -44,7 +45,7 @@ def _run(tmp_path, monkeypatch, pilot, confirmation, *, against=False):
     monkeypatch.setattr(confirm_mod, "_load_pilot_fn",
                         lambda: lambda bases, recipe, out_dir, **kw: write_fake_pilot(
                             out_dir, {b.name: _truth(confirmation)[b.name] for b in bases}, n_items=3000,
-                            rng_seed=1, seeds=(3, 4, 5)))
+                            rng_seed=1, seeds=conf_seeds))
     confirm(d, recipe, top=3)
     return d, recipe, calls
 
@@ -266,19 +267,8 @@ def test_too_few_replication_seeds_are_refused_before_training(tmp_path, monkeyp
 def test_a_pilot_with_too_few_seeds_does_not_make_a_replicated_recommendation_provisional(tmp_path, monkeypatch):
     """The plan asks for 4 SFT seeds; the pilot trained 3, the confirmation 4. The replication trains 4 (the plan's
     minimum), so its recommendation is not "provisional", and the seed warning names the pilot."""
-    d = make_score_run(tmp_path / "run")
-    plan = tmp_path / "plan.yaml"
-    plan.write_text(PLAN + "  min_sft_seeds: 4\n")
-    lock_plan(plan, d, allow_weak=True)
-    shortlist(d, plan)
-    write_fake_pilot(d / "pilot", _truth(PILOT_TIE), n_items=3000)
-    select(d)
-    recipe = tmp_path / "confirm.yaml"
-    shutil.copy("recipes/confirm.yaml", recipe)
-    monkeypatch.setattr(confirm_mod, "_load_pilot_fn", lambda: lambda bases, recipe, out_dir, **kw: write_fake_pilot(
-        out_dir, {b.name: _truth(CONF_WINNER)[b.name] for b in bases}, n_items=3000, rng_seed=1, seeds=(3, 4, 5, 6)))
-    confirm(d, recipe, top=3)
-    calls = []
+    d, _, calls = _run(tmp_path, monkeypatch, PILOT_TIE, CONF_WINNER, plan_extra="  min_sft_seeds: 4\n",
+                       conf_seeds=(3, 4, 5, 6))
     _replication_data(monkeypatch, CONF_WINNER, calls)
     res = replicate(d)
     assert res.held is True and json.loads((d / "replicate.json").read_text())["seeds"] == [7, 8, 9, 10]
