@@ -276,3 +276,26 @@ def test_a_pilot_with_too_few_seeds_does_not_make_a_replicated_recommendation_pr
     assert "**Recommended base: `checkpoint-50`**: a claim of the confirmation" in md
     assert "**Recommended base: `checkpoint-50`**. The pilot named no winner" in md
     assert "**Too few SFT seeds in the pilot**: 3 of the 4" in md and "this decision rests on 3" not in md
+
+
+def test_malformed_records_and_an_interrupted_replication(tmp_path, monkeypatch):
+    """A corrupt confirm.json or replicate.json is named with the fix; a replication killed mid-training leaves no
+    replicate.json (nothing that looks complete), and the rerun finishes it."""
+    d, _, calls = _run(tmp_path, monkeypatch, PILOT_TIE, CONF_WINNER)
+    good = (d / "confirm.json").read_text()
+    (d / "confirm.json").write_text("{not json")
+    with pytest.raises(SelectionError, match=r"confirm.json: not valid JSON .*probeselect confirm"):
+        replicate(d)
+    (d / "confirm.json").write_text(good)
+
+    def killed(bases, recipe, out_dir, **kw):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(confirm_mod, "_load_pilot_fn", lambda: killed)
+    with pytest.raises(KeyboardInterrupt):
+        replicate(d)
+    assert not (d / "replicate.json").exists()
+    _replication_data(monkeypatch, CONF_WINNER, calls)
+    assert replicate(d).held is True
+    (d / "replicate.json").write_text("{broken")
+    with pytest.raises(SelectionError, match=r"replicate.json: not valid JSON"):
+        write_report(d)

@@ -176,6 +176,16 @@ def _earlier_attempts(json_path: Path, rec: dict[str, Any], seeds: list[int]) ->
     return earlier
 
 
+def _load_record(path: Path, cmd: str) -> dict[str, Any]:
+    try:
+        rec = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SelectionError(f"{path}: not valid JSON ({e}); re-run `{cmd} {path.parent}` to write it again.") from e
+    if not isinstance(rec, dict):
+        raise SelectionError(f"{path}: expected a JSON object; re-run `{cmd} {path.parent}`.")
+    return rec
+
+
 def replicate(run_dir: str | Path, *, seeds: Sequence[int] | None = None, progress: bool = True,
               device: str = "auto", jobs: int | None = None) -> ReplicateResult:
     """Replicate the confirmation's own claim (module docstring). ``seeds``: the fresh SFT seeds (default: as many as
@@ -190,8 +200,7 @@ def replicate(run_dir: str | Path, *, seeds: Sequence[int] | None = None, progre
         if not p.is_file():
             raise SelectionError(f"{p}: not found; run `{cmd} {run_dir}` first (replicate re-tests the "
                                  "confirmation's claim).")
-    sel = json.loads(sel_path.read_text(encoding="utf-8"))
-    conf = json.loads(conf_path.read_text(encoding="utf-8"))
+    sel, conf = _load_record(sel_path, "probeselect select"), _load_record(conf_path, "probeselect confirm")
     if conf.get("selection_sha256") != sha256_file(sel_path):
         raise SelectionError(f"{conf_path}: made from another selection.json; re-run `probeselect confirm` first.")
     rec = base_manifest("replicate", {"run_dir": str(run_dir), "seeds": list(seeds) if seeds is not None else None})
