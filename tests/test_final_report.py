@@ -58,7 +58,10 @@ def _confirm(top, verdict, held, sel_path):
 
 
 def _write(tmp_path, sel, conf_args=None, *, transfer=None, conf_diag=None):
-    d = make_score_run(tmp_path / "run")
+    return _write_in(make_score_run(tmp_path / "run"), sel, conf_args, transfer=transfer, conf_diag=conf_diag)
+
+
+def _write_in(d, sel, conf_args=None, *, transfer=None, conf_diag=None):
     if not sel.get("post_hoc"):
         sel = lock_for(d, sel)  # the report checks the lock and plan as they are now
     atomic_write_json(d / "selection.json", sel)
@@ -280,3 +283,49 @@ def test_the_naive_choices_are_set_against_the_top_base(tmp_path):
     _, lines = _write(tmp_path / "c", _selection(top=latest, runner_up="checkpoint-40"))
     assert [ln for ln in lines if ln.startswith("**Against the naive choices**")] == [
         f"**Against the naive choices**: `{latest}` (the latest checkpoint) is the top base (task_logprob -2)."]
+
+
+def _pv(proxy, rho, p_single, p_best, n=3):
+    return {"proxy": proxy, "spearman": rho, "kendall": rho, "n_bases": n, "p_single_spearman": p_single,
+            "p_best_of_m_spearman": p_best, "p_best_of_m_kendall": p_best, "beats_null_q95": False}
+
+
+_NULL = {"m_random_proxies": 3, "method": "exact", **{k: {"q50": 0.5, "q90": 1.0, "q95": 1.0, "mean": 0.4}
+                                                        for k in ("spearman", "kendall")}}
+
+
+@pytest.mark.parametrize("rho,p1,expect", [
+    (-0.5, 0.83, "did not predict transfer: the recommendation rests on the pilot"),
+    (0.5, 0.5, "within what a random order gives"),
+    (1.0, 0.0417, None),
+])
+def test_decision_says_whether_the_probes_aggregate_predicted_the_pilot(tmp_path, rho, p1, expect):
+    """The predeclared shortlist aggregate is reported against the pilot before any single proxy (a proxy picked
+    because it agreed is not evidence), with the probes' first choice placed in the pilot; a single proxy that
+    agrees perfectly does not hide an aggregate that did not."""
+    sel = _selection(proxy_validation=[_pv("arith_pattern/*:mean_margin", 1.0, 0.1667, 0.42),
+                                       _pv("shortlist aggregate (mean_rank)", rho, p1, 0.9)], null=_NULL)
+    d = make_score_run(tmp_path / "run")
+    atomic_write_json(d / "shortlist.json", {"selected": [{"checkpoint": "checkpoint-50", "position": 1},
+                                                          {"checkpoint": "checkpoint-40", "position": 2}]})
+    _, lines = _write_in(d, sel)
+    probes = [ln for ln in lines if ln.startswith("**Probes vs the pilot**")]
+    assert len(probes) == 1, lines
+    assert f"Spearman {rho:g} against pilot transfer" in probes[0]
+    assert "the probes' first choice `checkpoint-50` is #3 of 3 in the pilot" in probes[0]
+    if expect:
+        assert expect in probes[0]
+    else:
+        assert "did not predict" not in probes[0] and "within what a random order" not in probes[0]
+    prox = [ln for ln in lines if ln.startswith("**Proxies**")]
+    assert len(prox) == 1 and "`arith_pattern/*:mean_margin` has Spearman 1" in prox[0]
+    assert "shortlist aggregate" not in prox[0]  # the aggregate is never offered as "the best-agreeing proxy"
+    assert lines.index(probes[0]) < lines.index(prox[0])
+
+
+def test_decision_without_a_shortlist_file_omits_only_the_first_choice(tmp_path):
+    sel = _selection(proxy_validation=[_pv("shortlist aggregate (mean_rank)", -1.0, 1.0, 1.0)], null=_NULL)
+    _, lines = _write(tmp_path, sel)
+    probes = [ln for ln in lines if ln.startswith("**Probes vs the pilot**")]
+    assert len(probes) == 1 and "first choice" not in probes[0] and "did not predict" in probes[0]
+    assert not [ln for ln in lines if ln.startswith("**Proxies**")]  # no single proxy declared: no such line

@@ -585,17 +585,57 @@ def _decision_section(sel: dict, conf: dict | None, diag: pd.DataFrame | None,
         items.append(naive)
     items.extend(_run_correctness(sel, diag, conf_diag, rep_diag))
     items.extend(_floor_ceiling_bullets(transfer, sel))
+    items.extend(_probes_vs_pilot_bullets(sel, run_dir))
+    return Section("Decision", [Bullets(items)])
+
+
+def _probes_vs_pilot_bullets(sel: dict, run_dir: Path) -> list[str]:
+    """Did the probes predict the pilot? First the predeclared shortlist aggregate (the order the pipeline
+    acted on) against pilot transfer, with the place of the probes' first choice in the pilot and what a random
+    order of the same bases would give; then the best-agreeing single proxy, whose choice after the fact is
+    discounted by the best-of-M null. A proxy picked because it agreed is not evidence, so the aggregate leads."""
     pv = [p for p in sel.get("proxy_validation", []) if p.get("spearman") is not None]
     null = sel.get("null") or {}
-    if pv and null:
-        best = max(pv, key=lambda p: p["spearman"])
-        items.append(f"**Proxies**: the best-agreeing predeclared proxy `{best['proxy']}` has Spearman "
-                     f"{_g(best['spearman'])} with transfer over {best['n_bases']} bases; the best of "
-                     f"{null.get('m_random_proxies')} random proxies has median {_g(null['spearman']['q50'])} and 95th "
-                     f"percentile {_g(null['spearman']['q95'])} (chance of matching or beating "
-                     f"{_g(best['spearman'])}: {_g(best['p_best_of_m_spearman'])} when picking the best proxy after the "
-                     f"fact, {_g(best['p_single_spearman'])} for one proxy fixed in advance).")
-    return Section("Decision", [Bullets(items)])
+    if not pv or not null:
+        return []
+    out = []
+    agg = next((p for p in pv if str(p.get("proxy", "")).startswith("shortlist aggregate")), None)
+    if agg is not None:
+        rho, p1 = agg["spearman"], agg.get("p_single_spearman")
+        words = (f"**Probes vs the pilot**: the predeclared {agg['proxy']} orders the {agg['n_bases']} piloted bases "
+                 f"with Spearman {_g(rho)} against pilot transfer (a random order does as well or better with "
+                 f"probability {_g(p1)})")
+        first = _probes_first_choice(run_dir)
+        pos = {b["base"]: b.get("position") for b in sel.get("bases", [])}
+        if first and pos.get(first) is not None:
+            words += f"; the probes' first choice `{first}` is #{pos[first]} of {len(pos)} in the pilot"
+        if rho is not None and rho <= 0:
+            words += (". On this run the probes' order did not predict transfer: the recommendation rests on the "
+                      "pilot, not on the probes")
+        elif p1 is not None and p1 > 0.05:
+            words += (f". With {agg['n_bases']} bases this agreement is within what a random order gives: it "
+                      "neither supports nor refutes the probes")
+        out.append(words + ".")
+    single = [p for p in pv if p is not agg]
+    if single:
+        best = max(single, key=lambda p: p["spearman"])
+        out.append(f"**Proxies**: the best-agreeing predeclared proxy `{best['proxy']}` has Spearman "
+                   f"{_g(best['spearman'])} with transfer over {best['n_bases']} bases; the best of "
+                   f"{null.get('m_random_proxies')} random proxies has median {_g(null['spearman']['q50'])} and 95th "
+                   f"percentile {_g(null['spearman']['q95'])} (chance of matching or beating "
+                   f"{_g(best['spearman'])}: {_g(best['p_best_of_m_spearman'])} when picking the best proxy after the "
+                   f"fact, {_g(best['p_single_spearman'])} for one proxy fixed in advance).")
+    return out
+
+
+def _probes_first_choice(run_dir: Path) -> str | None:
+    """The shortlist's rank 1 (``shortlist.json``), or None where the run has no readable shortlist."""
+    try:
+        sl = json.loads((Path(run_dir) / "shortlist.json").read_text(encoding="utf-8"))
+        first = min(sl.get("selected") or [], key=lambda r: r.get("position", 0), default=None)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    return str(first["checkpoint"]) if first and first.get("checkpoint") else None
 
 
 def _transfer_section(sel: dict, transfer: pd.DataFrame | None) -> Section:
