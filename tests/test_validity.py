@@ -645,3 +645,33 @@ def test_tau_by_range_reproduces_validity_and_ranks_the_eligible_range(tmp_path)
     (run / "seed7" / "score" / "shortlist.csv").unlink()              # an unfinished or wrong folder
     with pytest.raises(SystemExit, match=r"seed7/score/shortlist.csv: missing; RUN_DIR must be a finished"):
         tbr.run_rows(run)
+
+
+def test_probe_drop_vs_regret_reads_finished_runs_and_refuses_others(tmp_path, capsys):
+    """bench/probe_drop_vs_regret.py: the drop is the mean over conflict families of (family mean margin at the
+    earlier checkpoint) - (at the latest); capability rows do not enter it; regret = truth's best - the latest."""
+    spec = importlib.util.spec_from_file_location("probe_drop", REPO / "bench" / "probe_drop_vs_regret.py")
+    pdr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pdr)
+    run = tmp_path / "out" / "late"
+    (run / "seed7" / "score").mkdir(parents=True)
+    rows = []
+    for ck, a, b in (("checkpoint-2400", 3.0, 1.0), ("checkpoint-3200", 1.0, 0.0)):
+        rows += [{"checkpoint": ck, "family": "arith_pattern", "variant": v, "kind": "conflict", "mean_margin": a + d}
+                 for v, d in (("eq", 0.5), ("words", -0.5))]
+        rows += [{"checkpoint": ck, "family": "persona_qa", "variant": "v", "kind": "conflict", "mean_margin": b},
+                 {"checkpoint": ck, "family": "arith_plain", "variant": "v", "kind": "capability",
+                  "mean_margin": 100.0 if ck.endswith("2400") else -100.0}]
+    pd.DataFrame(rows).to_csv(run / "seed7" / "score" / "summary.csv", index=False)
+    pd.DataFrame({"seed": 7, "checkpoint": ["checkpoint-2400", "checkpoint-3200"], "truth_value": [0.9, 0.7]}).to_csv(
+        run / "truth_values.csv", index=False)
+    pd.DataFrame([{"seed": 7, "selector": "latest", "agree": 0.0}, {"seed": 7, "selector": "pipeline", "agree": 1.0}]
+                 ).to_csv(run / "selectors.csv", index=False)
+    (r,) = pdr.run_rows(run, 2400)
+    assert r["margin_drop"] == pytest.approx(1.5)        # arith_pattern 3 - 1 = 2, persona_qa 1 - 0 = 1
+    assert r["latest_regret"] == pytest.approx(0.2) and r["separated"] is True and r["latest"] == "checkpoint-3200"
+    with pytest.raises(SystemExit, match="no conflict-probe rows for checkpoint-2000"):
+        pdr.run_rows(run, 2000)
+    (run / "selectors.csv").unlink()
+    with pytest.raises(SystemExit, match=r"selectors.csv: missing; RUN_DIR must be a finished"):
+        pdr.run_rows(run, 2400)
