@@ -138,6 +138,14 @@ MUTATIONS: list[Mutation] = [
              "alpha = (1 - level) / 2", "alpha = 1 - level",
              ("tests/test_decisions.py", "tests/test_tables.py"),
              "a 90% interval reported as 95%"),
+    Mutation("probes_vs_pilot_sign", "src/probeselect/final_report.py",
+             "if rho is not None and rho <= 0:", "if rho is not None and rho < -1:",
+             ("tests/test_final_report.py",),
+             "a probe aggregate that orders the piloted bases against transfer not said to have failed"),
+    Mutation("best_proxy_includes_aggregate", "src/probeselect/final_report.py",
+             "single = [p for p in pv if p is not agg]", "single = list(pv)",
+             ("tests/test_final_report.py",),
+             "the shortlist aggregate offered as the best-agreeing single proxy"),
 ]
 
 
