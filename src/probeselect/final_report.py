@@ -599,7 +599,9 @@ def _probes_vs_pilot_bullets(sel: dict, run_dir: Path) -> list[str]:
     if not pv or not null:
         return []
     out = []
-    agg = next((p for p in pv if str(p.get("proxy", "")).startswith("shortlist aggregate")), None)
+    from .select import AGGREGATE_PROXY
+
+    agg = next((p for p in pv if str(p.get("proxy", "")).startswith(AGGREGATE_PROXY)), None)
     if agg is not None:
         rho, p1 = agg["spearman"], agg.get("p_single_spearman")
         words = (f"**Probes vs the pilot**: the predeclared {agg['proxy']} orders the {agg['n_bases']} piloted bases "

@@ -112,6 +112,9 @@ from .plan import (LOCK_NAME, SelectionPlan, SelectionSpec, check_lock, load_sel
                    smallest_beatable_k)
 from ._posthoc import read_history, record as record_history, retire_selection
 
+#: the name of the shortlist aggregate's row in ``proxy_validation`` (followed by " (<aggregation>)").
+AGGREGATE_PROXY = "shortlist aggregate"
+
 __all__ = ["PilotTables", "Ranking", "seed_sensitive", "SelectionResult", "NullDistribution", "TopComparison", "load_pilot_tables",
            "rank_bases", "compare_top", "base_intervals", "posterior_draws", "proxy_validation", "best_of_m_null",
            "min_p_best_of_m", "smallest_beatable_k", "select"]
@@ -807,7 +810,7 @@ def proxy_validation(shortlist_table: pd.DataFrame, plan: SelectionPlan, point: 
     proxies = [(p.id, f"score[{p.id}]", "higher") if f"score[{p.id}]" in sl.columns else
                (p.id, f"value[{p.id}]", p.direction) for p in plan.shortlist.proxies]
     agg = plan.shortlist.aggregation
-    proxies.append((f"shortlist aggregate ({agg})", agg, "lower"))
+    proxies.append((f"{AGGREGATE_PROXY} ({agg})", agg, "lower"))
     # Every candidate looked at counts (the declared proxies AND the aggregate), each with its own ties.
     observed = {}
     for pid, col, direction in proxies:
