@@ -146,6 +146,14 @@ MUTATIONS: list[Mutation] = [
              "single = [p for p in pv if p is not agg]", "single = list(pv)",
              ("tests/test_final_report.py",),
              "the shortlist aggregate offered as the best-agreeing single proxy"),
+    Mutation("window_end_first_not_last", "src/probeselect/plan.py",
+             "max(inside, key=lambda c: (steps[c], cands.index(c)))", "min(inside, key=lambda c: (steps[c], cands.index(c)))",
+             ("tests/test_shortlist.py",),
+             "references: [window_ends] piloting the first base of each data window instead of the last"),
+    Mutation("window_end_open_at_the_end", "src/probeselect/plan.py",
+             "w.start_step < steps[c] <= w.end_step", "w.start_step < steps[c] < w.end_step",
+             ("tests/test_shortlist.py",),
+             "a checkpoint saved at a window's end_step not counted in that window (the base before the change missed)"),
 ]
 
 

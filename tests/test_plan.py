@@ -261,3 +261,16 @@ def test_lock_refuses_data_windows_without_lineage_and_prints_step_strata(run, c
     assert rec["strata"] == {"steps 10-20": ["checkpoint-10", "checkpoint-20"],
                              "steps 30-40": ["checkpoint-30", "checkpoint-40"],
                              "steps 50-60": ["checkpoint-50", "checkpoint-60"]}
+
+
+def test_lock_refuses_window_ends_without_lineage(run, capsys):
+    """``references: [window_ends]`` needs data_lineage.json: `plan lock` refuses before anything is
+    written, naming the setting and what to declare instead (never a pilot without the window ends)."""
+    d, plan = run
+    plan.write_text(PLAN + "references: [latest, window_ends]\n")
+    with pytest.raises(ProbeSpecError, match=r"references: \[window_ends\] needs data_lineage\.json"):
+        lock_plan(plan, d, allow_weak=True)
+    assert main(["plan", "lock", str(plan), "--run", str(d), "--allow-weak"]) == 2
+    assert "as `candidates:` and drop window_ends" in capsys.readouterr().err and not (d / "plan.lock.json").exists()
+    plan.write_text(PLAN + "references: [latest]\n")
+    assert main(["plan", "lock", str(plan), "--run", str(d), "--allow-weak"]) == 0

@@ -192,6 +192,7 @@ def test_candidates_restrict_the_ranking(tmp_path, run):
     (PROXIES + "  - {family: conf, variant: '*', metric: mean_margin}\n", "listed twice"),
     (PROXIES + "k: 2\nk: 3\n", "duplicate key"),
     (PROXIES + "references: [newest]\n", "references must be a list of distinct naive choices"),
+    (PROXIES + "references: [window_end]\n", r"Did you mean \"window_ends\""),
     (PROXIES + "references: [latest, latest]\n", "distinct"),
     (PROXIES + "references: latest\n", "must be a list"),
 ])
@@ -266,6 +267,45 @@ def test_stratify_by_data_windows(tmp_path, run):
     assert json.loads((run / "shortlist.json").read_text())["plan"]["stratify"] == "data_windows"
     with pytest.raises(ProbeSpecError, match="stratify"):
         load_plan(_plan(tmp_path, PROXIES + "stratify: windows\n", "bad.yaml"))
+
+
+def test_window_ends_reference_pilots_the_last_base_of_every_data_window(tmp_path, run):
+    """``references: [latest, window_ends]``: the last candidate of each data window (c2 of A, c4 of B,
+    c6 of C) is piloted next to the shortlist; c4 is already shortlisted, c6 is also the latest (named by
+    both rules, piloted once). Without data_lineage.json it is an error naming the plan, never a silent
+    omission; a window with no candidate names none."""
+    plan = _plan(tmp_path, PROXIES + "k: 3\nreferences: [latest, window_ends]\n")
+    with pytest.raises(ProbeSpecError, match=r"plan\.yaml: references: \[window_ends\] needs data_lineage\.json"):
+        shortlist(run, plan)
+    assert not (run / "shortlist.csv").exists()
+    ladder = tmp_path / "ladder"
+    ladder.mkdir()
+    atomic_write_json(run / "manifest.json", {"status": "complete", "created_utc": "2999-01-01T00:00:00+00:00",
+                                              "checkpoints": [{"name": c, "path": str(ladder / c)} for c in CKPTS]})
+    atomic_write_json(ladder / "data_lineage.json", {"windows": [
+        {"name": "A", "start_step": 0, "end_step": 2, "planted": None},
+        {"name": "B", "start_step": 2, "end_step": 4, "planted": "parrot"},
+        {"name": "C", "start_step": 4, "end_step": 6, "planted": None},
+        {"name": "D", "start_step": 6, "end_step": 9, "planted": None}]})
+    res = shortlist(run, plan)
+    t = res.table.set_index("checkpoint")
+    assert res.selected == ["c3", "c4", "c5", "c6", "c2"]
+    assert t["reference"].tolist() == ["", "window_end:A", "", "window_end:B", "", "latest, window_end:C"]
+    assert t.loc["c2", "reason"].startswith("reference #5 (the last base of data window 'A'): a lineage choice, "
+                                            "piloted next to the shortlist")
+    assert t.loc["c6", "reason"].startswith("reference #4 (the latest checkpoint and the last base of data window "
+                                            "'C'): the naive choice")
+    assert any("reference window_end:B: c4 is already shortlisted" in n for n in res.notes)
+    assert any("reference window_end:A: c2 is piloted next to the shortlist (the last base of data window 'A', "
+               "before the data changed)" in n for n in res.notes)
+    meta = json.loads((run / "shortlist.json").read_text())
+    assert meta["plan"]["references"] == ["latest", "window_ends"]
+    assert [s.get("reference") for s in meta["selected"]] == [None, None, None, "latest, window_end:C", "window_end:A"]
+    # candidates restrict the window ends too: B's last candidate is then c3
+    res = shortlist(run, _plan(tmp_path, PROXIES + "k: 2\ncandidates: [c1, c2, c3, c5]\nreferences: [window_ends]\n",
+                               "sub.yaml"))
+    assert res.table.set_index("checkpoint")["reference"].to_dict() == {
+        "c1": "", "c2": "window_end:A", "c3": "window_end:B", "c4": "", "c5": "window_end:C", "c6": ""}
 
 
 @pytest.mark.parametrize("stratify, k, selected, labels", [

@@ -55,7 +55,8 @@ __all__ = ["TransferConstraint", "SelectionSpec", "SelectionPlan", "LockStatus",
            "selection_spec_from_dict", "lock_plan", "read_lock", "check_lock", "LOCK_NAME", "TRANSFER_METRICS",
            "is_outcome_file", "validate_plan_against_run", "proxy_null_strength", "Plan", "Proxy", "Floor",
            "plan_from_dict", "load_plan", "AGGREGATIONS", "min_p_best_of_m", "smallest_beatable_k",
-           "max_beatable_candidates", "step_strata", "run_strata", "BPB_MODES"]
+           "max_beatable_candidates", "step_strata", "run_strata", "run_window_ends", "BPB_MODES",
+           "SHORTLIST_REFERENCES"]
 
 LOCK_NAME = "plan.lock.json"
 SHORTLIST_FILES = ("shortlist.csv", "shortlist.json")
@@ -73,6 +74,11 @@ _PLAN_KEYS = ("proxies", "constraints", "aggregation", "k", "candidates", "descr
 #: The naive choices a plan can pilot next to its shortlist (``references:``): the latest candidate
 #: (highest step) and the candidate with the lowest held-out bits per byte.
 REFERENCES = ("latest", "lowest_bpb")
+#: What a plan's ``references:`` may name: the naive choices, and ``window_ends`` (the last candidate of every data
+#: window of ``data_lineage.json``: the base before each change of the data mixture, e.g. the last before an
+#: anneal). Window ends are piloted, never a default to beat (``selection.decision.against`` and the
+#: confirmation's references stay :data:`REFERENCES`).
+SHORTLIST_REFERENCES = REFERENCES + ("window_ends",)
 STRATIFY = (None, "data_windows")      # or a mapping {by: steps|tokens, strata: N} / {by: ..., edges: [...]}
 STRATA_BY = ("steps", "tokens")
 _STRATIFY_KEYS = ("by", "strata", "edges")
@@ -250,11 +256,11 @@ def plan_from_dict(raw: Any, *, source: str = "<plan>", path: Path | None = None
     desc = raw.get("description", "")
     strat, n_strata, edges = _stratify(src, raw.get("stratify"))
     refs = raw.get("references") or []
-    if not isinstance(refs, list) or any(r not in REFERENCES for r in refs) or len(set(refs)) != len(refs):
-        bad = next((r for r in refs if r not in REFERENCES), None) if isinstance(refs, list) else None
-        raise ProbeSpecError(f"{src}: references must be a list of distinct naive choices from {list(REFERENCES)} "
-                             f"(piloted next to the shortlist), got {refs!r}."
-                             + (did_you_mean(str(bad), REFERENCES) if bad is not None else ""))
+    if not isinstance(refs, list) or any(r not in SHORTLIST_REFERENCES for r in refs) or len(set(refs)) != len(refs):
+        bad = next((r for r in refs if r not in SHORTLIST_REFERENCES), None) if isinstance(refs, list) else None
+        raise ProbeSpecError(f"{src}: references must be a list of distinct naive choices from "
+                             f"{list(SHORTLIST_REFERENCES)} (piloted next to the shortlist), got {refs!r}."
+                             + (did_you_mean(str(bad), SHORTLIST_REFERENCES) if bad is not None else ""))
     return Plan(proxies=tuple(proxies), heldout_bpb_within=bpb, floors=tuple(floors), aggregation=agg, k=k,
                 candidates=cands, description=str(desc or ""), path=path, stratify=strat, strata=n_strata,
                 strata_edges=edges, heldout_bpb_mode=bpb_mode, references=tuple(refs))
@@ -614,6 +620,8 @@ def validate_plan_against_run(plan: SelectionPlan, run_dir: Path, *, recipe: Any
     steps = summary.drop_duplicates("checkpoint").set_index("checkpoint")["step"].to_dict()
     cands = _resolve_candidates(plan.shortlist, order, steps, src)
     run_strata(plan.shortlist, run_dir, summary, cands, src)
+    if "window_ends" in plan.shortlist.references:
+        run_window_ends(run_dir, summary, cands, src)
     produced = list(METRIC_NAMES)
     why = "a transfer metric"
     if recipe is not None:
@@ -643,16 +651,11 @@ def run_strata(plan: Plan, run_dir: Path, summary: pd.DataFrame, cands: list[str
     if plan.stratify is None:
         return None
     if plan.stratify == "data_windows":
-        from .attribution import find_lineage, load_windows
+        from .attribution import load_windows
 
-        path = find_lineage(run_dir)
-        if path is None:
-            raise ProbeSpecError(
-                f"{src}: stratify: data_windows needs data_lineage.json next to the scored checkpoints, and the run "
-                f"{run_dir} has none (looked next to the checkpoints named in {Path(run_dir) / 'manifest.json'}). "
-                "Only a ladder built from a known curriculum has one (e.g. `probeselect toy-ladder`). For any other "
-                "ladder stratify by step ranges, declared now, before the scores: `stratify: {by: steps, strata: 3}` "
-                "(or `{by: tokens, edges: [...]}`), or drop `stratify:` for the plain top k.")
+        path = _lineage_or_error(run_dir, src, "stratify: data_windows",
+                                 "stratify by step ranges, declared now, before the scores: `stratify: {by: steps, "
+                                 "strata: 3}` (or `{by: tokens, edges: [...]}`), or drop `stratify:` for the plain top k")
         windows = load_windows(path)
         info = summary.drop_duplicates("checkpoint").set_index("checkpoint")["step"].to_dict()
 
@@ -668,6 +671,40 @@ def run_strata(plan: Plan, run_dir: Path, summary: pd.DataFrame, cands: list[str
     steps = info["step"].to_dict()
     tokens = info["tokens"].to_dict() if "tokens" in info.columns else {}
     return step_strata(plan, cands, steps, tokens, src)
+
+
+def _lineage_or_error(run_dir: Path, src: str, what: str, instead: str) -> Path:
+    """The run's ``data_lineage.json`` (:func:`probeselect.attribution.find_lineage`), or a
+    :class:`ProbeSpecError` naming the plan setting that needs it and what to declare instead."""
+    from .attribution import find_lineage
+
+    path = find_lineage(run_dir)
+    if path is None:
+        raise ProbeSpecError(
+            f"{src}: {what} needs data_lineage.json next to the scored checkpoints, and the run {run_dir} has none "
+            f"(looked next to the checkpoints named in {Path(run_dir) / 'manifest.json'}). Only a ladder built from a "
+            "known curriculum has one (e.g. `probeselect toy-ladder`; for your own run write one: "
+            '{"windows": [{"name": ..., "start_step": ..., "end_step": ...}, ...]}). For any other ladder ' + instead + ".")
+    return path
+
+
+def run_window_ends(run_dir: Path, summary: pd.DataFrame, cands: list[str], src: str) -> dict[str, str]:
+    """``references: [window_ends]`` on this run: ``"window_end:NAME"`` -> the candidate of the highest
+    step in data window NAME (a checkpoint at step t is in the window with start_step < t <= end_step,
+    as for ``stratify: data_windows``), in window order; a window without a candidate is absent.
+    Needs ``data_lineage.json`` next to the scored checkpoints: without it, an error (at ``plan lock``
+    and at ``shortlist``), never a silent omission."""
+    from .attribution import load_windows
+
+    path = _lineage_or_error(run_dir, src, "references: [window_ends]",
+                             "name the bases before each data change as `candidates:` and drop window_ends")
+    steps = summary.drop_duplicates("checkpoint").set_index("checkpoint")["step"].to_dict()
+    out: dict[str, str] = {}
+    for w in load_windows(path):
+        inside = [c for c in cands if pd.notna(steps.get(c)) and w.start_step < steps[c] <= w.end_step]
+        if inside:
+            out[f"window_end:{w.name}"] = max(inside, key=lambda c: (steps[c], cands.index(c)))
+    return out
 
 
 def min_p_best_of_m(n_bases: int, candidates: int) -> float:

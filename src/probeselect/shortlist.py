@@ -61,7 +61,10 @@ Definitions:
   ``latest`` (the candidate with the highest step) and ``lowest_bpb`` (the candidate with the
   lowest held-out bits per byte). Each one not already shortlisted is appended after the k
   shortlisted checkpoints (``reference`` column = its rule), so the pilot measures the
-  transfer of the choice the tool must beat under the same matched SFT.
+  transfer of the choice the tool must beat under the same matched SFT. ``window_ends`` adds
+  the last candidate of every data window of ``data_lineage.json`` (rule ``window_end:NAME``;
+  the base before each change of the data mixture, e.g. the last before an anneal; an error
+  without a lineage file): a choice a team reads off its data schedule, without probes.
 * ``stratify``: strata of the ladder, fixed by the plan before any score is seen. The best
   eligible checkpoint overall comes first, then the best eligible checkpoint of every other
   stratum (strata in the order of their best checkpoint), then the rest by aggregate, until
@@ -405,8 +408,10 @@ def _choose(inp: _Inputs, ranking: _Ranking, checks: _Checks, one_probe: dict[st
             inp.notes.append(f"reference {rule}: {c}, the same checkpoint as reference {appended[c]}.")
         else:
             chosen = chosen + [c]
-            inp.notes.append(f"reference {rule}: {c} is piloted next to the shortlist (the naive choice the "
-                             "shortlist must beat, measured under the same matched SFT).")
+            why = (f"the last base of data window {rule.split(':', 1)[1]!r}, before the data changed"
+                   if rule.startswith("window_end:") else
+                   "the naive choice the shortlist must beat, measured under the same matched SFT")
+            inp.notes.append(f"reference {rule}: {c} is piloted next to the shortlist ({why}).")
         appended[c] = ", ".join(filter(None, (appended.get(c), rule)))
     pos = {c: i + 1 for i, c in enumerate(chosen)}
     table["selected"] = [c in pos for c in inp.order]
@@ -420,6 +425,15 @@ def _references(inp: _Inputs, table: pd.DataFrame) -> dict[str, str]:
     """The plan's naive choices among the candidates: rule -> checkpoint (a rule with no value is noted)."""
     out: dict[str, str] = {}
     for rule in inp.plan.references:
+        if rule == "window_ends":
+            from .plan import run_window_ends
+
+            ends = run_window_ends(inp.run.run_dir, inp.summary, inp.cands, inp.src)
+            if not ends:
+                inp.notes.append("reference window_ends: no candidate lies in any data window of the lineage; "
+                                 "none piloted.")
+            out.update(ends)
+            continue
         if rule == "latest":
             steps = {c: inp.steps.get(c) for c in inp.cands if pd.notna(inp.steps.get(c))}
             if steps:
@@ -508,11 +522,13 @@ def _reference_reason(c: str, choice: _Choice, checks: _Checks, one_probe: dict[
     """Why a reference checkpoint is piloted, and what the shortlist rules say of it."""
     what = {"latest": "the latest checkpoint", "lowest_bpb": "the lowest held-out bits per byte"}
     rules = choice.appended[c].split(", ")
+    what.update({r: f"the last base of data window {r.split(':', 1)[1]!r}" for r in rules if r.startswith("window_end:")})
     said = ("; left out of the shortlist as a one-probe winner: " + one_probe[c] if c in one_probe
             else "; it fails " + "; ".join(checks.fails[c]) if checks.fails[c]
             else f"; its aggregate {ranking.agg[c]:.3g} is behind the shortlist" if pd.notna(ranking.agg[c])
             else "; it has no value on some proxy")
-    return (f"reference #{choice.pos[c]} ({' and '.join(what[r] for r in rules)}): the naive choice, piloted next to "
+    kind = "the naive choice" if any(not r.startswith("window_end:") for r in rules) else "a lineage choice"
+    return (f"reference #{choice.pos[c]} ({' and '.join(what[r] for r in rules)}): {kind}, piloted next to "
             f"the shortlist{said}.")
 
 
