@@ -414,3 +414,38 @@ def test_heldout_bpb_within_absolute_relative_or_spread(tmp_path, run, within, p
 def test_bad_heldout_bpb_within_is_rejected(tmp_path, run, within, match):
     with pytest.raises(ProbeSpecError, match=match):
         shortlist(run, _plan(tmp_path, PROXIES + f"constraints: {{heldout_bpb_within: {within}}}\n"))
+
+
+def test_window_ends_on_a_built_late_harm_ladder(tmp_path):
+    """End to end at toy scale: a tiny late-harm ladder (its data_lineage.json written by the build),
+    scored on two conflict families, shortlisted with ``references: [window_ends]``: every data window's
+    piloted reference is its checkpoint of the highest step, read from the lineage the build wrote."""
+    import dataclasses
+
+    from probeselect.attribution import load_windows
+    from probeselect.checkpoints import discover_checkpoints
+    from probeselect.probes import load_spec
+    from probeselect.score import score_checkpoints
+    from probeselect.toy.ladder import build_toy_ladder
+
+    lad = tmp_path / "ladder"
+    build_toy_ladder(lad, seed=0, steps=30, save_every=5, progress=False, curriculum="late-harm")
+    specs = [dataclasses.replace(load_spec(REPO / "probes" / f"{f}.yaml"), n_items=4)
+             for f in ("arith_pattern", "tmpl_mismatch")]
+    run = tmp_path / "score"
+    score_checkpoints(discover_checkpoints(lad), specs, seeds=[0], out=run, audit_items=0, device="cpu",
+                      progress=False)
+    plan = _plan(tmp_path, "proxies:\n  - {family: arith_pattern, variant: '*', metric: mean_margin}\n"
+                           "  - {family: tmpl_mismatch, variant: '*', metric: mean_margin}\n"
+                           "k: 1\nreferences: [window_ends]\n")
+    res = shortlist(run, plan)
+    t = res.table.set_index("checkpoint")
+    steps = t["step"].to_dict()
+    want = {}
+    for w in load_windows(lad / "data_lineage.json"):
+        inside = [c for c, s in steps.items() if w.start_step < s <= w.end_step]
+        want[max(inside, key=steps.get)] = f"window_end:{w.name}"
+    assert len(want) == 3 and "checkpoint-30" in want  # three windows; the last one ends at the latest
+    got = {c: r for c, r in t["reference"].items() if r}
+    assert got == want
+    assert set(want) <= set(res.selected)
