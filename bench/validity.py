@@ -83,6 +83,7 @@ if str(ROOT / "src") not in sys.path:
 from probeselect._io import atomic_write_csv, atomic_write_json, atomic_write_text  # noqa: E402
 from probeselect._yaml import load_yaml  # noqa: E402
 from probeselect.confirm import CLAIMS  # noqa: E402
+from probeselect.errors import CurriculumError, ProbeselectError  # noqa: E402
 
 #: Overrides of the smoke version (``--tiny``): a 24-step ladder with 3 checkpoints, few probe
 #: items, a few SFT steps and transfer items. For plumbing only; its numbers mean nothing.
@@ -1199,9 +1200,20 @@ def main(argv: list[str] | None = None) -> int:
         print((a.out / "curricula.md").read_text(encoding="utf-8"))
         print(json.dumps({k: v for k, v in res.items() if k != "pooled"}))
         return 0
+    try:
+        return _run(a, list(sys.argv[1:] if argv is None else argv))
+    except ProbeselectError as e:  # a bad config, curriculum or input: one line, no traceback
+        hint = (" (--tiny builds 24-step ladders: a built-in curriculum name scales to them, a curriculum file "
+                "written for another length does not; use e.g. --curriculum late-harm)"
+                if a.tiny and isinstance(e, CurriculumError) else "")
+        print(f"error: {e}{hint}", file=sys.stderr)
+        return 2
+
+
+def _run(a: argparse.Namespace, argv_used: list[str]) -> int:
+    """The validation (or validations, one per curriculum) ``main`` parsed, and its record."""
     kw = dict(config=a.config, truth_seeds=a.truth_seeds, tiny=a.tiny, jobs=a.jobs,
               truth_seed_start=a.truth_seed_start, twin_noise=a.twin_noise)
-    argv_used = list(sys.argv[1:] if argv is None else argv)
     if a.curriculum:
         res = validate_curricula(a.curriculum, a.seeds, a.out, **kw)
         print((a.out / "curricula.md").read_text(encoding="utf-8"))

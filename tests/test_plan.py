@@ -274,3 +274,17 @@ def test_lock_refuses_window_ends_without_lineage(run, capsys):
     assert "as `candidates:` and drop window_ends" in capsys.readouterr().err and not (d / "plan.lock.json").exists()
     plan.write_text(PLAN + "references: [latest]\n")
     assert main(["plan", "lock", str(plan), "--run", str(d), "--allow-weak"]) == 0
+
+
+def test_the_window_ends_candidate_plan_is_the_late_harm_plan_but_k_and_references():
+    """bench/plans/selection_late_harm_window_ends.yaml (under validation, issue 23) differs from the demo's
+    recipes/selection-late-harm.yaml in k (3, not 4) and references (+ window_ends) and in nothing else, so a
+    result of it measures those two settings."""
+    from probeselect._yaml import load_yaml
+
+    demo = load_yaml(REPO / "recipes" / "selection-late-harm.yaml")
+    cand = load_yaml(REPO / "bench" / "plans" / "selection_late_harm_window_ends.yaml")
+    assert (demo.pop("k"), cand.pop("k")) == (4, 3)
+    assert (demo.pop("references"), cand.pop("references")) == (["latest", "lowest_bpb"],
+                                                                 ["latest", "lowest_bpb", "window_ends"])
+    assert demo == cand

@@ -675,3 +675,18 @@ def test_probe_drop_vs_regret_reads_finished_runs_and_refuses_others(tmp_path, c
     (run / "selectors.csv").unlink()
     with pytest.raises(SystemExit, match=r"selectors.csv: missing; RUN_DIR must be a finished"):
         pdr.run_rows(run, 2400)
+
+
+def test_a_curriculum_file_too_long_for_tiny_is_one_line_with_the_fix(tmp_path, capsys):
+    """--tiny with a curriculum file written for 3200 steps: exit 2 and one line naming the file and the
+    built-in alternative (no traceback), before any ladder is built."""
+    mod = _module()
+    out = tmp_path / "v"
+    rc = mod.main(["--seeds", "0", "--tiny", "--truth-seeds", "2", "--out", str(out),
+                   "--config", str(REPO / "bench" / "configs" / "late_harm_attempt18c_window_ends_validity.yaml"),
+                   "--curriculum", "bench/late_harm_attempt18c.yaml"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err
+    assert "\nerror: bench/late_harm_attempt18c.yaml: windows run to step 3200, beyond the ladder's 24" in err
+    assert "use e.g. --curriculum late-harm" in err
+    assert not list(out.rglob("checkpoint-*"))
