@@ -300,6 +300,15 @@ def test_window_ends_reference_pilots_the_last_base_of_every_data_window(tmp_pat
                "before the data changed)" in n for n in res.notes)
     meta = json.loads((run / "shortlist.json").read_text())
     assert meta["plan"]["references"] == ["latest", "window_ends"]
+    # three rules on one checkpoint (c6 made the lowest bpb too): named once each, in a readable list
+    low6 = _summary()
+    low6.loc[(low6.checkpoint == "c6") & (low6.family == "heldout_nll"), "bits_per_byte"] = 1.0
+    atomic_write_csv(run / "summary.csv", low6)
+    three = shortlist(run, _plan(tmp_path, PROXIES + "k: 3\nreferences: [latest, lowest_bpb, window_ends]\n", "three.yaml"))
+    assert three.table.set_index("checkpoint").loc["c6", "reason"].startswith(
+        "reference #4 (the latest checkpoint, the lowest held-out bits per byte and the last base of data window 'C'): "
+        "the naive choice")
+    atomic_write_csv(run / "summary.csv", _summary())
     assert [s.get("reference") for s in meta["selected"]] == [None, None, None, "latest, window_end:C", "window_end:A"]
     # candidates restrict the window ends too: B's last candidate is then c3
     res = shortlist(run, _plan(tmp_path, PROXIES + "k: 2\ncandidates: [c1, c2, c3, c5]\nreferences: [window_ends]\n",

@@ -528,7 +528,9 @@ def _reference_reason(c: str, choice: _Choice, checks: _Checks, one_probe: dict[
             else f"; its aggregate {ranking.agg[c]:.3g} is behind the shortlist" if pd.notna(ranking.agg[c])
             else "; it has no value on some proxy")
     kind = "the naive choice" if any(not r.startswith("window_end:") for r in rules) else "a lineage choice"
-    return (f"reference #{choice.pos[c]} ({' and '.join(what[r] for r in rules)}): {kind}, piloted next to "
+    named = [what[r] for r in rules]
+    named = ", ".join(named[:-1]) + " and " + named[-1] if len(named) > 2 else " and ".join(named)
+    return (f"reference #{choice.pos[c]} ({named}): {kind}, piloted next to "
             f"the shortlist{said}.")
 
 
