@@ -51,6 +51,19 @@ proxies:
 """
 
 
+def _lineage(run, tmp_path, extra=()):
+    """Put the run's checkpoints in a ladder folder with a data_lineage.json of windows A (steps 1-2),
+    B (3-4, planted) and C (5-6), plus ``extra`` windows."""
+    ladder = tmp_path / "ladder"
+    ladder.mkdir()
+    atomic_write_json(run / "manifest.json", {"status": "complete", "created_utc": "2999-01-01T00:00:00+00:00",
+                                              "checkpoints": [{"name": c, "path": str(ladder / c)} for c in CKPTS]})
+    atomic_write_json(ladder / "data_lineage.json", {"windows": [
+        {"name": "A", "start_step": 0, "end_step": 2, "planted": None},
+        {"name": "B", "start_step": 2, "end_step": 4, "planted": "parrot"},
+        {"name": "C", "start_step": 4, "end_step": 6, "planted": None}, *extra]})
+
+
 def _plan(tmp_path, text, name="plan.yaml"):
     p = tmp_path / name
     p.write_text(text)
@@ -248,14 +261,7 @@ def test_stratify_by_data_windows(tmp_path, run):
                                              r"stratify: \{by: steps, strata: 3\}"):
         shortlist(run, plan)
     assert not (run / "shortlist.csv").exists()
-    ladder = tmp_path / "ladder"
-    ladder.mkdir()
-    atomic_write_json(run / "manifest.json", {"status": "complete", "created_utc": "2999-01-01T00:00:00+00:00",
-                                              "checkpoints": [{"name": c, "path": str(ladder / c)} for c in CKPTS]})
-    atomic_write_json(ladder / "data_lineage.json", {"windows": [
-        {"name": "A", "start_step": 0, "end_step": 2, "planted": None},
-        {"name": "B", "start_step": 2, "end_step": 4, "planted": "parrot"},
-        {"name": "C", "start_step": 4, "end_step": 6, "planted": None}]})
+    _lineage(run, tmp_path)
     res = shortlist(run, plan)
     # mean ranks: c3 1.5 (B), c4 2.5 (B), c5 3 (C), c2 4.33 (A); c6 is a one-probe winner (excluded)
     assert res.selected == ["c3", "c5", "c2"]
@@ -278,15 +284,7 @@ def test_window_ends_reference_pilots_the_last_base_of_every_data_window(tmp_pat
     with pytest.raises(ProbeSpecError, match=r"plan\.yaml: references: \[window_ends\] needs data_lineage\.json"):
         shortlist(run, plan)
     assert not (run / "shortlist.csv").exists()
-    ladder = tmp_path / "ladder"
-    ladder.mkdir()
-    atomic_write_json(run / "manifest.json", {"status": "complete", "created_utc": "2999-01-01T00:00:00+00:00",
-                                              "checkpoints": [{"name": c, "path": str(ladder / c)} for c in CKPTS]})
-    atomic_write_json(ladder / "data_lineage.json", {"windows": [
-        {"name": "A", "start_step": 0, "end_step": 2, "planted": None},
-        {"name": "B", "start_step": 2, "end_step": 4, "planted": "parrot"},
-        {"name": "C", "start_step": 4, "end_step": 6, "planted": None},
-        {"name": "D", "start_step": 6, "end_step": 9, "planted": None}]})
+    _lineage(run, tmp_path, extra=[{"name": "D", "start_step": 6, "end_step": 9, "planted": None}])
     res = shortlist(run, plan)
     t = res.table.set_index("checkpoint")
     assert res.selected == ["c3", "c4", "c5", "c6", "c2"]

@@ -27,7 +27,7 @@ import pytest
 
 from probeselect._io import atomic_write_csv, atomic_write_json
 from probeselect.shortlist import shortlist
-from test_shortlist import CKPTS, PROXIES, _summary, _with_flat, run  # noqa: F401  (run: the fixture)
+from test_shortlist import PROXIES, _lineage, _summary, _with_flat, run  # noqa: F401  (run: the fixture)
 
 VOLATILE = ("created_utc", "command", "platform", "cpu", "versions", "git")
 FLAT = PROXIES.replace("  - {family: rel, variant: x, metric: mean_margin}\n",
@@ -41,17 +41,6 @@ FLOORS = ("constraints:\n  heldout_bpb_within: {relative: 0.02}\n  capability_fl
           "    - {family: cap, variant: x, metric: candidate_accuracy, min: 0.55}\n")
 FLOORS_ALL = ("constraints:\n  heldout_bpb_within: {spread: 0.5}\n  capability_floor:\n"
               "    - {family: conf, metric: mean_margin, min: 0.3}\n")
-
-
-def _lineage(run, tmp_path):
-    ladder = tmp_path / "ladder"
-    ladder.mkdir()
-    atomic_write_json(run / "manifest.json", {"status": "complete", "created_utc": "2999-01-01T00:00:00+00:00",
-                                              "checkpoints": [{"name": c, "path": str(ladder / c)} for c in CKPTS]})
-    atomic_write_json(ladder / "data_lineage.json", {"windows": [
-        {"name": "A", "start_step": 0, "end_step": 2, "planted": None},
-        {"name": "B", "start_step": 2, "end_step": 4, "planted": "parrot"},
-        {"name": "C", "start_step": 4, "end_step": 6, "planted": None}]})
 
 
 def _no_nll(run, tmp_path):
