@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from probeselect._io import sha256_file
+from probeselect._io import atomic_write_json, sha256_file
 from probeselect.cli import main
 from probeselect.errors import ProbeSpecError, SelectionError
 from probeselect.plan import (TRANSFER_METRICS, check_lock, is_outcome_file, load_selection_plan, lock_plan,
@@ -265,15 +265,48 @@ def test_lock_refuses_data_windows_without_lineage_and_prints_step_strata(run, c
 
 def test_lock_refuses_window_ends_without_lineage(run, capsys):
     """``references: [window_ends]`` needs data_lineage.json: `plan lock` refuses before anything is
-    written, naming the setting and what to declare instead (never a pilot without the window ends)."""
+    written, naming the setting and what to do instead (never a pilot without the window ends)."""
     d, plan = run
     plan.write_text(PLAN + "references: [latest, window_ends]\n")
     with pytest.raises(ProbeSpecError, match=r"references: \[window_ends\] needs data_lineage\.json"):
         lock_plan(plan, d, allow_weak=True)
     assert main(["plan", "lock", str(plan), "--run", str(d), "--allow-weak"]) == 2
-    assert "as `candidates:` and drop window_ends" in capsys.readouterr().err and not (d / "plan.lock.json").exists()
+    err = capsys.readouterr().err
+    assert "write it next to the checkpoint folders" in err and "drop window_ends from `references:`" in err
+    assert not (d / "plan.lock.json").exists()
     plan.write_text(PLAN + "references: [latest]\n")
     assert main(["plan", "lock", str(plan), "--run", str(d), "--allow-weak"]) == 0
+
+
+def test_lock_records_the_window_ends_and_the_shortlist_notes_a_lineage_changed_after_it(tmp_path, capsys):
+    """The lock fixes the bases window_ends will pilot (recorded and printed, a window without a candidate
+    included); a lineage edited after the lock changes them, and the shortlist says so."""
+    ladder = tmp_path / "ladder"
+    ladder.mkdir()
+    d = make_score_run(tmp_path / "run", ladder=str(ladder))
+    windows = [{"name": "A", "start_step": 0, "end_step": 20}, {"name": "B", "start_step": 20, "end_step": 45},
+               {"name": "C", "start_step": 45, "end_step": 60}, {"name": "D", "start_step": 60, "end_step": 90}]
+    atomic_write_json(ladder / "data_lineage.json", {"windows": windows})
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(PLAN.replace("k: 5", "k: 2") + "references: [window_ends]\n")
+    assert main(["plan", "lock", str(plan), "--run", str(d), "--allow-weak"]) == 0
+    out = capsys.readouterr().out
+    assert "reference window_end:B: checkpoint-40" in out and "reference window_end:D: (no candidate in this window)" in out
+    ends = {"window_end:A": "checkpoint-20", "window_end:B": "checkpoint-40", "window_end:C": "checkpoint-60",
+            "window_end:D": None}
+    assert json.loads((d / "plan.lock.json").read_text())["window_ends"] == ends
+    res = shortlist(d, plan)
+    assert {c for c, r in res.table.set_index("checkpoint")["reference"].items() if r} == {
+        "checkpoint-20", "checkpoint-40", "checkpoint-60"}
+    assert any("no candidate checkpoint in data window(s) D; nothing piloted for them" in n for n in res.notes)
+    assert not any("differs from the window ends recorded" in n for n in res.notes)
+    windows[1]["end_step"] = 30   # the lineage edited after the lock: B now ends at 30
+    windows[2]["start_step"] = 30
+    atomic_write_json(ladder / "data_lineage.json", {"windows": windows})
+    res = shortlist(d, plan)
+    assert res.table.set_index("checkpoint").loc["checkpoint-30", "reference"] == "window_end:B"
+    assert any("differs from the window ends recorded at the plan lock" in n and "changed after the lock" in n
+               for n in res.notes)
 
 
 def test_the_window_ends_candidate_plan_is_the_late_harm_plan_but_k_and_references():

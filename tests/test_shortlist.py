@@ -294,6 +294,7 @@ def test_window_ends_reference_pilots_the_last_base_of_every_data_window(tmp_pat
     assert t.loc["c6", "reason"].startswith("reference #4 (the latest checkpoint and the last base of data window "
                                             "'C'): the naive choice")
     assert any("reference window_end:B: c4 is already shortlisted" in n for n in res.notes)
+    assert any("no candidate checkpoint in data window(s) D; nothing piloted for them" in n for n in res.notes)
     assert any("reference window_end:A: c2 is piloted next to the shortlist (the last base of data window 'A', "
                "before the data changed)" in n for n in res.notes)
     meta = json.loads((run / "shortlist.json").read_text())

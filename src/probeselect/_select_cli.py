@@ -32,6 +32,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print(null["message"])
     for label, members in (rec.get("strata") or {}).items():
         print(f"stratum {label}: {', '.join(members)}")
+    for rule, base in (rec.get("window_ends") or {}).items():
+        print(f"reference {rule}: {base or '(no candidate in this window)'}")
     for w in rec.get("warnings", []):
         print(f"warning: {w}", file=sys.stderr)
     if rec.get("shortlist_files_at_lock"):

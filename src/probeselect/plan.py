@@ -133,7 +133,7 @@ class Plan:
     strata: int | None = None            # stratify by steps/tokens: N contiguous groups of the candidates
     strata_edges: tuple[float, ...] | None = None  # ... or explicit boundaries (start < x <= end)
     heldout_bpb_mode: str = "absolute"   # how heldout_bpb_within is read (BPB_MODES)
-    references: tuple[str, ...] = ()     # naive choices piloted next to the shortlist (REFERENCES)
+    references: tuple[str, ...] = ()     # bases piloted next to the shortlist (SHORTLIST_REFERENCES)
 
     def to_dict(self) -> dict[str, Any]:
         bpb: Any = self.heldout_bpb_within
@@ -258,7 +258,7 @@ def plan_from_dict(raw: Any, *, source: str = "<plan>", path: Path | None = None
     refs = raw.get("references") or []
     if not isinstance(refs, list) or any(r not in SHORTLIST_REFERENCES for r in refs) or len(set(refs)) != len(refs):
         bad = next((r for r in refs if r not in SHORTLIST_REFERENCES), None) if isinstance(refs, list) else None
-        raise ProbeSpecError(f"{src}: references must be a list of distinct naive choices from "
+        raise ProbeSpecError(f"{src}: references must be a list of distinct naive choices or window_ends, from "
                              f"{list(SHORTLIST_REFERENCES)} (piloted next to the shortlist), got {refs!r}."
                              + (did_you_mean(str(bad), SHORTLIST_REFERENCES) if bad is not None else ""))
     return Plan(proxies=tuple(proxies), heldout_bpb_within=bpb, floors=tuple(floors), aggregation=agg, k=k,
@@ -620,8 +620,7 @@ def validate_plan_against_run(plan: SelectionPlan, run_dir: Path, *, recipe: Any
     steps = summary.drop_duplicates("checkpoint").set_index("checkpoint")["step"].to_dict()
     cands = _resolve_candidates(plan.shortlist, order, steps, src)
     run_strata(plan.shortlist, run_dir, summary, cands, src)
-    if "window_ends" in plan.shortlist.references:
-        run_window_ends(run_dir, summary, cands, src)
+    run_window_ends(plan.shortlist, run_dir, summary, cands, src)
     produced = list(METRIC_NAMES)
     why = "a transfer metric"
     if recipe is not None:
@@ -682,28 +681,32 @@ def _lineage_or_error(run_dir: Path, src: str, what: str, instead: str) -> Path:
     if path is None:
         raise ProbeSpecError(
             f"{src}: {what} needs data_lineage.json next to the scored checkpoints, and the run {run_dir} has none "
-            f"(looked next to the checkpoints named in {Path(run_dir) / 'manifest.json'}). Only a ladder built from a "
-            "known curriculum has one (e.g. `probeselect toy-ladder`; for your own run write one: "
-            '{"windows": [{"name": ..., "start_step": ..., "end_step": ...}, ...]}). For any other ladder ' + instead + ".")
+            f"(looked next to the checkpoints named in {Path(run_dir) / 'manifest.json'}). A ladder built from a known "
+            "curriculum has one (`probeselect toy-ladder`); for your own run, write it next to the checkpoint folders "
+            'from your data schedule: {"windows": [{"name": ..., "start_step": ..., "end_step": ...}, ...]} '
+            "(docs/real-checkpoints.md). Without one, " + instead + ".")
     return path
 
 
-def run_window_ends(run_dir: Path, summary: pd.DataFrame, cands: list[str], src: str) -> dict[str, str]:
-    """``references: [window_ends]`` on this run: ``"window_end:NAME"`` -> the candidate of the highest
-    step in data window NAME (a checkpoint at step t is in the window with start_step < t <= end_step,
-    as for ``stratify: data_windows``), in window order; a window without a candidate is absent.
-    Needs ``data_lineage.json`` next to the scored checkpoints: without it, an error (at ``plan lock``
-    and at ``shortlist``), never a silent omission."""
+def run_window_ends(plan: Plan, run_dir: Path, summary: pd.DataFrame, cands: list[str],
+                    src: str) -> dict[str, str | None] | None:
+    """``references: [window_ends]`` on this run (None when the plan does not name it):
+    ``"window_end:NAME"`` -> the candidate of the highest step in data window NAME (a checkpoint at
+    step t is in the window with start_step < t <= end_step, as for ``stratify: data_windows``), or
+    None for a window without a candidate, in window order. The plan's constraints do not apply (a
+    reference is piloted whatever its probes and constraints say). Needs ``data_lineage.json`` next to
+    the scored checkpoints: without it, an error (at ``plan lock`` and at ``shortlist``), never a
+    silent omission."""
+    if "window_ends" not in plan.references:
+        return None
     from .attribution import load_windows
 
-    path = _lineage_or_error(run_dir, src, "references: [window_ends]",
-                             "name the bases before each data change as `candidates:` and drop window_ends")
+    path = _lineage_or_error(run_dir, src, "references: [window_ends]", "drop window_ends from `references:`")
     steps = summary.drop_duplicates("checkpoint").set_index("checkpoint")["step"].to_dict()
-    out: dict[str, str] = {}
+    out: dict[str, str | None] = {}
     for w in load_windows(path):
         inside = [c for c in cands if pd.notna(steps.get(c)) and w.start_step < steps[c] <= w.end_step]
-        if inside:
-            out[f"window_end:{w.name}"] = max(inside, key=lambda c: (steps[c], cands.index(c)))
+        out[f"window_end:{w.name}"] = max(inside, key=lambda c: (steps[c], cands.index(c))) if inside else None
     return out
 
 
@@ -869,6 +872,7 @@ def lock_plan(plan_path: str | Path, run_dir: str | Path, *, force: bool = False
     steps = summary.drop_duplicates("checkpoint").set_index("checkpoint")["step"].to_dict()
     cands = _resolve_candidates(plan.shortlist, order, steps, str(plan.path))
     strata = run_strata(plan.shortlist, run_dir, summary, cands, str(plan.path))
+    window_ends = run_window_ends(plan.shortlist, run_dir, summary, cands, str(plan.path))
     strength = proxy_null_strength(plan, n_candidates=len(cands))
     if not strength["beatable"]:
         msg = (f"{plan.path}: with k = {strength['k']} shortlisted bases and {strength['candidates']} candidates looked at "
@@ -911,6 +915,7 @@ def lock_plan(plan_path: str | Path, run_dir: str | Path, *, force: bool = False
         "proxy_null": strength | {"allowed_weak": bool(allow_weak and not strength["beatable"])},
         "strata": None if strata is None else {lab: [c for c in cands if strata[c] == lab]
                                                for lab in dict.fromkeys(strata[c] for c in cands)},
+        "window_ends": window_ends,   # references: [window_ends] -> the bases piloted for it, fixed at the lock
         "recipe": None if rec_obj is None else {"path": str(recipe), "overrides": list(recipe_overrides),
                                                 "seeds": list(rec_obj.seeds)},
         "warnings": warnings,

@@ -599,7 +599,9 @@ class _Pipeline:
                                         "lineage": _hash_files([p]) if (p := _find_lineage(self.run)) else None},
                    lambda: files("dynamics/dynamics.csv"), self.do_dynamics),
             _Stage("lock", lambda: {}, lambda: files("plan.lock.json"), self.do_lock),
-            _Stage("shortlist", lambda: {**_hash_files(files("summary.csv")), "plan": _hash_files([plan])},
+            _Stage("shortlist", lambda: {**_hash_files(files("summary.csv")), "plan": _hash_files([plan]),
+                                         # stratify: data_windows and references: [window_ends] read it
+                                         "lineage": _hash_files([p]) if (p := _find_lineage(self.run)) else None},
                    lambda: files("shortlist.csv", "shortlist.json"), self.do_shortlist),
             _Stage("pilot", lambda: {"shortlist": _hash_files(files("shortlist.csv")),
                                      "recipe": _hash_files([Path(pilot_cfg["recipe"])]),

@@ -85,6 +85,7 @@ Definitions:
 from __future__ import annotations
 
 import datetime as _dt
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -379,7 +380,7 @@ class _Choice:
     chosen: list[str]
     stratum: dict[str, str]  # checkpoint -> stratum label (empty without ``stratify``)
     pos: dict[str, int]  # chosen checkpoint -> shortlist position (1 = first)
-    appended: dict[str, str] = field(default_factory=dict)  # references piloted beyond the shortlist -> rule(s)
+    appended: dict[str, list[str]] = field(default_factory=dict)  # references piloted beyond the shortlist -> rules
 
 
 def _choose(inp: _Inputs, ranking: _Ranking, checks: _Checks, one_probe: dict[str, str],
@@ -399,20 +400,20 @@ def _choose(inp: _Inputs, ranking: _Ranking, checks: _Checks, one_probe: dict[st
         _note_strata(inp, stratum, chosen, table)
     _note_selection(inp, ranking, checks, one_probe, eligible, chosen)
     refs = _references(inp, table)
-    appended: dict[str, str] = {}  # reference checkpoints piloted in addition to the shortlist -> their rule(s)
+    appended: dict[str, list[str]] = {}  # reference checkpoints piloted in addition to the shortlist -> their rules
     for rule, c in refs.items():
         if c in chosen and c not in appended:
             inp.notes.append(f"reference {rule}: {c} is already shortlisted.")
             continue
         if c in appended:
-            inp.notes.append(f"reference {rule}: {c}, the same checkpoint as reference {appended[c]}.")
+            inp.notes.append(f"reference {rule}: {c}, the same checkpoint as reference {', '.join(appended[c])}.")
         else:
             chosen = chosen + [c]
             why = (f"the last base of data window {rule.split(':', 1)[1]!r}, before the data changed"
                    if rule.startswith("window_end:") else
                    "the naive choice the shortlist must beat, measured under the same matched SFT")
             inp.notes.append(f"reference {rule}: {c} is piloted next to the shortlist ({why}).")
-        appended[c] = ", ".join(filter(None, (appended.get(c), rule)))
+        appended.setdefault(c, []).append(rule)
     pos = {c: i + 1 for i, c in enumerate(chosen)}
     table["selected"] = [c in pos for c in inp.order]
     table["shortlist_position"] = [pos.get(c, np.nan) for c in inp.order]
@@ -426,13 +427,7 @@ def _references(inp: _Inputs, table: pd.DataFrame) -> dict[str, str]:
     out: dict[str, str] = {}
     for rule in inp.plan.references:
         if rule == "window_ends":
-            from .plan import run_window_ends
-
-            ends = run_window_ends(inp.run.run_dir, inp.summary, inp.cands, inp.src)
-            if not ends:
-                inp.notes.append("reference window_ends: no candidate lies in any data window of the lineage; "
-                                 "none piloted.")
-            out.update(ends)
+            out.update(_window_end_references(inp))
             continue
         if rule == "latest":
             steps = {c: inp.steps.get(c) for c in inp.cands if pd.notna(inp.steps.get(c))}
@@ -449,6 +444,25 @@ def _references(inp: _Inputs, table: pd.DataFrame) -> dict[str, str]:
             inp.notes.append(f"reference {rule}: no candidate has the value it needs (step / held-out bits per byte); "
                              "not piloted.")
     return {r: c for r, c in out.items() if c is not None}
+
+
+def _window_end_references(inp: _Inputs) -> dict[str, str]:
+    """``references: [window_ends]``: rule ``window_end:NAME`` -> the last candidate of data window NAME
+    (:func:`probeselect.plan.run_window_ends`). Windows without a candidate, and window ends that differ
+    from those the plan lock recorded (the lineage changed after the lock), are said in the notes."""
+    from .plan import run_window_ends
+
+    ends = run_window_ends(inp.plan, inp.run.run_dir, inp.summary, inp.cands, inp.src) or {}
+    empty = [r.split(":", 1)[1] for r, c in ends.items() if c is None]
+    if empty:
+        inp.notes.append(f"reference window_ends: no candidate checkpoint in data window(s) {', '.join(empty)}; "
+                         "nothing piloted for them.")
+    lock = Path(inp.run.run_dir) / "plan.lock.json"
+    locked = json.loads(lock.read_text(encoding="utf-8")).get("window_ends") if lock.is_file() else None
+    if locked is not None and locked != ends:
+        inp.notes.append(f"reference window_ends: {ends} differs from the window ends recorded at the plan lock "
+                         f"({locked}): the data lineage or the candidates changed after the lock.")
+    return {r: c for r, c in ends.items() if c is not None}
 
 
 def _note_strata(inp: _Inputs, stratum: dict[str, str], chosen: list[str], table: pd.DataFrame) -> None:
@@ -521,7 +535,7 @@ def _reasons(inp: _Inputs, ranking: _Ranking, checks: _Checks, one_probe: dict[s
 def _reference_reason(c: str, choice: _Choice, checks: _Checks, one_probe: dict[str, str], ranking: _Ranking) -> str:
     """Why a reference checkpoint is piloted, and what the shortlist rules say of it."""
     what = {"latest": "the latest checkpoint", "lowest_bpb": "the lowest held-out bits per byte"}
-    rules = choice.appended[c].split(", ")
+    rules = choice.appended[c]
     what.update({r: f"the last base of data window {r.split(':', 1)[1]!r}" for r in rules if r.startswith("window_end:")})
     said = ("; left out of the shortlist as a one-probe winner: " + one_probe[c] if c in one_probe
             else "; it fails " + "; ".join(checks.fails[c]) if checks.fails[c]
@@ -567,7 +581,7 @@ def _write(inp: _Inputs, table: pd.DataFrame, ranking: _Ranking, one_probe: dict
         n_candidates=len(inp.cands),
         selected=[{"checkpoint": c, "step": inp.steps.get(c), "position": choice.pos[c],
                    "aggregate": float(ranking.agg[c]) if pd.notna(ranking.agg[c]) else None,
-                   **({"reference": choice.appended[c]} if c in choice.appended else {}),
+                   **({"reference": ", ".join(choice.appended[c])} if c in choice.appended else {}),
                    "reason": reasons[c]} for c in choice.chosen],
         one_probe_winners=one_probe,
         notes=inp.notes,
