@@ -83,6 +83,20 @@ def test_full_report_is_self_contained(tmp_path):
     assert "Seeds" in md or "seeds" in md
 
 
+def test_summary_counts_the_shortlist_apart_from_the_references_piloted_next_to_it(tmp_path):
+    """With ``references:`` the Summary's count is the probes' shortlist (k); the naive choices appended
+    for the pilot are listed apart, each with its rule, never counted as shortlisted."""
+    run = _make_run(tmp_path / "run", [10, 20, 30, 40, 50, 60])
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(PLAN.replace("k: 2", "k: 1") + "references: [latest]\n")
+    sl = shortlist(run, plan)
+    assert sl.selected == ["checkpoint-40", "checkpoint-60"]   # the probes' one, then the latest
+    md = write_report(run).md.read_text()
+    summary_md = md[md.index("## Summary"):md.index("## Shortlist")]
+    assert "**Shortlisted (1)**: `checkpoint-40` (plan `" in summary_md
+    assert "; **piloted next to them (1)**: `checkpoint-60` (latest). Each is a hypothesis" in summary_md
+
+
 def test_report_without_shortlist_or_averaging_says_what_to_do(tmp_path):
     run = _make_run(tmp_path / "run", [1, 2, 3, 4])
     md_path, html_path = write_report(run)

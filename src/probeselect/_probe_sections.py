@@ -140,11 +140,15 @@ def _summary_section(dyn, sl: pd.DataFrame | None, sl_meta: dict | None, avg_cmp
     n_ck = int(dyn.stats["n_checkpoints"].max()) if len(dyn.stats) else 0
     if sl is not None:
         sel = sl[sl["selected"].astype(bool)].sort_values("shortlist_position")
+        # references piloted beyond the shortlist (the plan's `references:`): shortlist.json marks each one
+        refs = {str(s["checkpoint"]): s["reference"] for s in (sl_meta or {}).get("selected") or [] if "reference" in s}
+        short = [c for c in sel["checkpoint"] if str(c) not in refs]
         if len(sel):
-            items.append(f"**Shortlisted ({len(sel)})**: " + ", ".join(f"`{c}`" for c in sel["checkpoint"]) +
-                         f" (plan `{shown_path((sl_meta or {}).get('config', {}).get('plan', '?'), run_dir)}`). "
-                         "Each is a hypothesis for "
-                         "matched pilot SFT, not a selection.")
+            items.append(f"**Shortlisted ({len(short)})**: " + ", ".join(f"`{c}`" for c in short) +
+                         f" (plan `{shown_path((sl_meta or {}).get('config', {}).get('plan', '?'), run_dir)}`)"
+                         + (f"; **piloted next to them ({len(refs)})**: "
+                            + ", ".join(f"`{c}` ({r})" for c, r in refs.items()) if refs else "")
+                         + ". Each is a hypothesis for matched pilot SFT, not a selection.")
             for r in sel.itertuples():
                 items.append(f"`{r.checkpoint}`: {r.reason}")
         else:
