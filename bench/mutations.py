@@ -154,6 +154,10 @@ MUTATIONS: list[Mutation] = [
              "w.start_step < steps[c] <= w.end_step", "w.start_step < steps[c] < w.end_step",
              ("tests/test_shortlist.py",),
              "a checkpoint saved at a window's end_step not counted in that window (the base before the change missed)"),
+    Mutation("summary_counts_references_as_shortlisted", "src/probeselect/_probe_sections.py",
+             'short = [c for c in sel["checkpoint"] if str(c) not in refs]', 'short = list(sel["checkpoint"])',
+             ("tests/test_report.py",),
+             "the report's Summary counting the naive choices piloted next to the shortlist as shortlisted"),
 ]
 
 
