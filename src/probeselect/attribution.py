@@ -88,6 +88,10 @@ class Window:
     end_step: int
     planted: str | None = None
 
+    def holds(self, step: Any) -> bool:
+        """Whether a checkpoint at ``step`` (None or NaN: no step) lies in this window."""
+        return step is not None and not pd.isna(step) and self.start_step < step <= self.end_step
+
 
 # ---------------------------------------------------------------------------
 # Windows

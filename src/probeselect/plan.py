@@ -661,7 +661,7 @@ def run_strata(plan: Plan, run_dir: Path, summary: pd.DataFrame, cands: list[str
         def window_of(c: str) -> str:
             t = info.get(c)
             for w in windows:
-                if t is not None and pd.notna(t) and w.start_step < t <= w.end_step:
+                if w.holds(t):
                     return w.name
             return "(no window)"
 
@@ -705,7 +705,7 @@ def run_window_ends(plan: Plan, run_dir: Path, summary: pd.DataFrame, cands: lis
     steps = summary.drop_duplicates("checkpoint").set_index("checkpoint")["step"].to_dict()
     out: dict[str, str | None] = {}
     for w in load_windows(path):
-        inside = [c for c in cands if pd.notna(steps.get(c)) and w.start_step < steps[c] <= w.end_step]
+        inside = [c for c in cands if w.holds(steps.get(c))]
         out[f"window_end:{w.name}"] = max(inside, key=lambda c: (steps[c], cands.index(c))) if inside else None
     return out
 

@@ -85,7 +85,6 @@ Definitions:
 from __future__ import annotations
 
 import datetime as _dt
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -457,8 +456,10 @@ def _window_end_references(inp: _Inputs) -> dict[str, str]:
     if empty:
         inp.notes.append(f"reference window_ends: no candidate checkpoint in data window(s) {', '.join(empty)}; "
                          "nothing piloted for them.")
-    lock = Path(inp.run.run_dir) / "plan.lock.json"
-    locked = json.loads(lock.read_text(encoding="utf-8")).get("window_ends") if lock.is_file() else None
+    from .plan import LOCK_NAME, read_lock
+
+    lock = Path(inp.run.run_dir) / LOCK_NAME
+    locked = read_lock(inp.run.run_dir).get("window_ends") if lock.is_file() else None
     if locked is not None and locked != ends:
         inp.notes.append(f"reference window_ends: {ends} differs from the window ends recorded at the plan lock "
                          f"({locked}): the data lineage or the candidates changed after the lock.")
