@@ -309,15 +309,13 @@ def test_lock_records_the_window_ends_and_the_shortlist_notes_a_lineage_changed_
                for n in res.notes)
 
 
-def test_the_window_ends_candidate_plan_is_the_late_harm_plan_but_k_and_references():
-    """bench/plans/selection_late_harm_window_ends.yaml (under validation, issue 23) differs from the demo's
-    recipes/selection-late-harm.yaml in k (3, not 4) and references (+ window_ends) and in nothing else, so a
-    result of it measures those two settings."""
+def test_the_late_harm_demo_plan_is_the_declared_window_ends_plan():
+    """recipes/selection-late-harm.yaml (the demo's plan) holds exactly the settings of the plan declared and
+    measured as bench/plans/selection_late_harm_window_ends.yaml (fresh seeds 140-149, issue 23), so those
+    records measure the demo's plan; the declared file itself stays as it ran."""
     from probeselect._yaml import load_yaml
 
     demo = load_yaml(REPO / "recipes" / "selection-late-harm.yaml")
     cand = load_yaml(REPO / "bench" / "plans" / "selection_late_harm_window_ends.yaml")
-    assert (demo.pop("k"), cand.pop("k")) == (4, 3)
-    assert (demo.pop("references"), cand.pop("references")) == (["latest", "lowest_bpb"],
-                                                                 ["latest", "lowest_bpb", "window_ends"])
+    assert demo["k"] == 3 and demo["references"] == ["latest", "lowest_bpb", "window_ends"]
     assert demo == cand
