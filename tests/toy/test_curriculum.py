@@ -355,7 +355,7 @@ def test_demo_late_is_the_demo_on_the_late_harm_ladder():
     """recipes/demo-late.yaml (make demo-late) differs from recipes/demo.yaml only in its output
     folder, the ladder's curriculum, the plan, the pilot's and confirmation's 6 SFT seeds (the
     plan's min_sft_seeds, which the recipes meet) and its replicate stage; the plan ranks every conflict family the demo scores
-    and shortlists one base more than the default (k = 4: one per data window and the best remaining)."""
+    and pilots, next to its k = 3 (one per data window), the naive choices and the last base of every data window."""
     import dataclasses
 
     from probeselect.plan import load_selection_plan
@@ -386,8 +386,10 @@ def test_demo_late_is_the_demo_on_the_late_harm_ladder():
     # and its confirmation re-tests a pilot claim with margin 0 (confirm_margin); the default demo's with its tie margin
     assert plan.selection.confirm_margin == 0.0 and default.selection.confirm_margin is None
     assert dataclasses.replace(plan.selection, min_sft_seeds=3, against=None, confirm_margin=None) == default.selection
-    # one slot per data window (stratify) and one for the best remaining base: k = 4 against the default's 3
-    assert plan.shortlist.stratify == "data_windows" and (plan.shortlist.k, default.shortlist.k) == (4, 3)
+    # one slot per data window (stratify, k = 3 as the default's), and the last base of every data window piloted
+    # next to the shortlist (window_ends) with the naive choices; the default plan pilots no references
+    assert plan.shortlist.stratify == "data_windows" and (plan.shortlist.k, default.shortlist.k) == (3, 3)
+    assert plan.shortlist.references == ("latest", "lowest_bpb", "window_ends") and not default.shortlist.references
 
 
 def test_tokenizer_corpus_is_selectable_in_a_run_config_and_checked(tmp_path):
