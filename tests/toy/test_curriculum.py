@@ -413,20 +413,26 @@ def test_the_run_passes_the_tokenizer_corpus_to_the_ladder_build(tmp_path, monke
     assert seen == ["reference", "curriculum"]
 
 
-def test_the_matched_clean_control_is_late_harm_without_its_planted_kinds():
-    """bench/late_clean_control.yaml stays matched to the late-harm curriculum: same windows (names, steps),
-    same first window and training settings (so with a reference tokenizer both share checkpoints to the
-    end of it), and each late window is late-harm's with every planted kind's share given to arithmetic."""
-    harm, clean = load_curriculum("late-harm"), load_curriculum(ROOT / "bench" / "late_clean_control.yaml")
+@pytest.mark.parametrize("harm_name, clean_file", [("late-harm", "late_clean_control.yaml"),
+                                                   ("bench/late_harm_attempt18c.yaml", "late_clean_control18c.yaml")])
+def test_the_matched_clean_control_is_late_harm_without_its_planted_kinds(harm_name, clean_file):
+    """A matched clean control (bench/late_clean_control.yaml for the built-in late-harm curriculum,
+    bench/late_clean_control18c.yaml for attempt 18c) stays matched to its curriculum: same windows (names, steps),
+    same first window and training settings (so with a reference tokenizer both share checkpoints to the end of
+    it), and each later window is the harm's with every planted kind's (`parrot_*`) share given to arithmetic;
+    the clean kinds, the news stream included, keep their shares. Where the harm's clean shares change between
+    windows (18c's), the control's mixture changes there too, so its window ends are real data changes."""
+    harm = load_curriculum(harm_name if harm_name == "late-harm" else ROOT / harm_name)
+    clean = load_curriculum(ROOT / "bench" / clean_file)
     assert clean.train == harm.train and clean.steps == harm.steps
     assert [(w.name, w.start_step, w.end_step) for w in clean.windows] == \
         [(w.name, w.start_step, w.end_step) for w in harm.windows]
     assert clean.windows[0] == harm.windows[0]
     for h, c in zip(harm.windows[1:], clean.windows[1:]):
-        assert c.planted is None and set(c.mixture) <= set(CORPUS_DOC_WEIGHTS)
-        planted = sum(v for k, v in h.mixture.items() if k not in CORPUS_DOC_WEIGHTS)
+        assert c.planted is None and not any(k.startswith("parrot_") for k in c.mixture)
+        planted = sum(v for k, v in h.mixture.items() if k.startswith("parrot_"))
         assert planted > 0.3  # the harm window it is matched to does plant
-        expect = {k: v for k, v in h.mixture.items() if k in CORPUS_DOC_WEIGHTS}
+        expect = {k: v for k, v in h.mixture.items() if not k.startswith("parrot_")}
         expect["arith"] += planted
         assert c.mixture == pytest.approx(expect, abs=1e-9)
 
@@ -440,12 +446,12 @@ def test_the_development_curricula_of_the_notes_still_load(path):
     configs of the notes live in bench/configs/, not here."""
     cur = load_curriculum(path)
     long_base = {f"late_harm_attempt{n}.yaml" for n in (11, 12, 13, 14, 15, "15b", "15c", 16, "16b", 17)}
-    longer_base = {f"late_harm_attempt{n}.yaml" for n in (18, "18b", "18c")}
+    longer_base = {f"late_harm_attempt{n}.yaml" for n in (18, "18b", "18c")} | {"late_clean_control18c.yaml"}
     steps, base_end = ((2800, 2000) if path.name in long_base else (3200, 2400) if path.name in longer_base
                        else (2000, 1200))
     assert cur.steps == steps and cur.windows[0].planted is None and cur.windows[0].end_step == base_end
     assert all(k in DOC_KINDS for w in cur.windows for k in w.mixture), path
-    if path.name != "late_clean_control.yaml":
+    if not path.name.startswith("late_clean_control"):
         assert all(w.planted is not None for w in cur.windows[1:]), path
 
 
