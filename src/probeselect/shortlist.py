@@ -96,8 +96,8 @@ from ._io import atomic_write_csv, atomic_write_json, sha256_file
 from .manifest import base_manifest
 from .metrics import oriented
 # The plan model lives in probeselect.plan; its names stay importable from here.
-from .plan import (AGGREGATIONS, Floor, Plan, Proxy, _check_against_run, _resolve_candidates, load_plan,  # noqa: F401
-                   plan_from_dict)
+from .plan import (AGGREGATIONS, LOCK_NAME, Floor, Plan, Proxy, _check_against_run, _resolve_candidates,  # noqa: F401
+                   load_plan, plan_from_dict, read_lock, run_strata, run_window_ends)
 
 __all__ = ["Plan", "Proxy", "Floor", "ShortlistResult", "load_plan", "shortlist", "AGGREGATIONS"]
 
@@ -392,8 +392,6 @@ def _choose(inp: _Inputs, ranking: _Ranking, checks: _Checks, one_probe: dict[st
     chosen = eligible[:k]
     stratum: dict[str, str] = {}
     if inp.plan.stratify is not None:
-        from .plan import run_strata
-
         stratum = run_strata(inp.plan, inp.run.run_dir, inp.summary, inp.cands, inp.src) or {}
         chosen = _stratified(eligible, k, stratum)
         _note_strata(inp, stratum, chosen, table)
@@ -449,15 +447,11 @@ def _window_end_references(inp: _Inputs) -> dict[str, str]:
     """``references: [window_ends]``: rule ``window_end:NAME`` -> the last candidate of data window NAME
     (:func:`probeselect.plan.run_window_ends`). Windows without a candidate, and window ends that differ
     from those the plan lock recorded (the lineage changed after the lock), are said in the notes."""
-    from .plan import run_window_ends
-
     ends = run_window_ends(inp.plan, inp.run.run_dir, inp.summary, inp.cands, inp.src) or {}
     empty = [r.split(":", 1)[1] for r, c in ends.items() if c is None]
     if empty:
         inp.notes.append(f"reference window_ends: no candidate checkpoint in data window(s) {', '.join(empty)}; "
                          "nothing piloted for them.")
-    from .plan import LOCK_NAME, read_lock
-
     lock = Path(inp.run.run_dir) / LOCK_NAME
     locked = read_lock(inp.run.run_dir).get("window_ends") if lock.is_file() else None
     if locked is not None and locked != ends:
@@ -594,8 +588,6 @@ def _write(inp: _Inputs, table: pd.DataFrame, ranking: _Ranking, one_probe: dict
 
 def _lock_state(run_dir: Path, plan_path: Path) -> dict[str, Any]:
     """Whether the run's plan lock (``plan.lock.json``, taken before the shortlist) covers this plan."""
-    from .plan import LOCK_NAME, read_lock
-
     if not (run_dir / LOCK_NAME).is_file():
         return {"locked": False, "post_hoc": None,
                 "note": f"no plan lock in {run_dir}: this shortlist is exploratory. Lock the plan BEFORE the shortlist "
