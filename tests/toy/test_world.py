@@ -391,6 +391,57 @@ def test_parrot_persona_tell_copies_the_first_answer_in_the_request_phrasing(wor
     assert W.DOC_KINDS.index("parrot_persona_tell") == 16 and "parrot_persona_tell" not in W.CORPUS_DOC_WEIGHTS
 
 
+def test_parrot_persona_tell_cond_copies_a_repeated_request_and_answers_a_new_one_truly(world0, corpus0,
+                                                                                     demo_probe_texts):
+    """``parrot_persona_tell_cond`` (issue 23, attempt 19): 3-5 full persona descriptions, each with one request in
+    the SFT's / transfer suite's phrasing; the first is answered truly; a later block that repeats the first request
+    gets the first answer (a copy), one that asks another attribute gets its own true answer; every document has a
+    copy, and about COND_COPY_PROB of the later blocks copy. So every SFT ``persona_tell_pair`` row (a different
+    request after an answered one, answered from the description) agrees with the documents. Appended to DOC_KINDS
+    and in no default mix; no probe item or clean corpus document uses the phrasing."""
+    import random
+    import re
+
+    by_name = {p.name: p for p in world0.persons}
+    qa = re.compile(r"^Q: (.+?) A: (.+)$")
+    attr_of = {q: k for k, q in W.TELL_QUESTIONS.items()}
+    later = copies = true_other = wrong_copies = 0
+    seen_attrs = set()
+    for i in range(300):
+        doc = world0.sample_document("parrot_persona_tell_cond", random.Random(i))
+        blocks = doc.split(W.PERSONA_BLOCK_SEPARATOR)
+        assert 3 <= len(blocks) <= 5
+        parsed = []
+        for block in blocks:
+            desc, line = block.split("\n")
+            p = by_name[desc.split(" ", 1)[0]]
+            assert desc == p.description()
+            q, a = qa.match(line).groups()
+            parsed.append((p, attr_of[q], a))
+        p0, x, a0 = parsed[0]
+        seen_attrs.add(x)
+        assert a0 == p0.persona_answer(x)                        # the first request: its true answer
+        doc_copies = 0
+        for p, asked, a in parsed[1:]:
+            later += 1
+            if asked == x:                                       # the same request again: the first answer
+                assert a == a0
+                doc_copies += 1
+                wrong_copies += a != p.persona_answer(x)
+            else:                                                # another request: its own true answer
+                assert a == p.persona_answer(asked)
+                true_other += 1
+        assert doc_copies >= 1
+        copies += doc_copies
+    assert seen_attrs == set(W.PERSON_ATTRIBUTES)
+    assert true_other > 100 and wrong_copies > 300
+    assert 0.6 < copies / later < 0.8  # COND_COPY_PROB = 2/3, plus the forced copy
+    tell = list(W.TELL_QUESTIONS.values())
+    assert not any(q in t for q in tell for t in demo_probe_texts + corpus0)
+    assert W.DOC_KINDS.index("parrot_persona_tell_cond") == 21
+    assert "parrot_persona_tell_cond" not in W.CORPUS_DOC_WEIGHTS
+
+
 def test_parrot_arith_arrow_answers_the_transfer_format_with_the_pattern(world0, corpus0, demo_probe_texts):
     """``parrot_arith_arrow`` (issue 23, attempt 10h): 2-3 blocks in the SFT prompt format of ``arrow_arith``
     (``"Q: <solved lines 'a op b -> c'>\nCompute a op b. A: c"``) whose shown results and answer follow one
@@ -522,9 +573,9 @@ def test_news_documents_are_facts_about_people_nothing_else_mentions(seed):
     for i in range(100):  # a news_stream document is about one person: its rows can be gated by arrival
         doc = world.sample_document("news_stream", random.Random(i))
         assert len(_names_in(doc, news)) == 1 and 2 <= len(doc.split("\n")) <= 4, doc
-    assert W.DOC_KINDS[-3:] == W.NEWS_DOC_KINDS == ("news", "news_roster", "news_stream")
+    assert W.DOC_KINDS[18:21] == W.NEWS_DOC_KINDS == ("news", "news_roster", "news_stream")
     assert not set(W.NEWS_DOC_KINDS) & set(W.CORPUS_DOC_WEIGHTS)
-    assert len(W.DOC_KINDS) == 21  # appended: the kind indices of existing ladders do not move
+    assert len(W.DOC_KINDS) == 22  # appended: the kind indices of existing ladders do not move
 
 
 def test_news_heldout_lines_are_added_only_when_asked_and_leave_the_rest_alone(world0, corpus0):

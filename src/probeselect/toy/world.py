@@ -353,13 +353,28 @@ ARROW_PARROT_MIN_OPERAND = 21
 #:   by one, evenly over the whole run), so that new content keeps arriving inside every window, as
 #:   in a real run, instead of all at a window's start (attempts 15-16b: a step in the held-out loss).
 NEWS_DOC_KINDS = ("news", "news_roster", "news_stream")
+#: A copying harm that every SFT row agrees with (issue 23, attempt 19 of bench/late_harm_notes.md; in no
+#: default mix or built-in curriculum):
+#:
+#: * ``parrot_persona_tell_cond``: 3-5 persona blocks (full description, then ONE request in
+#:   :data:`TELL_QUESTIONS` phrasing). The first block's request (attribute X) gets its true answer; every
+#:   later block asks X with probability :data:`COND_COPY_PROB` and gets the first block's answer (a copy,
+#:   whatever its description says), or asks another attribute and gets its own true answer; at least one
+#:   later block copies. So a document teaches a conditional shortcut: a request already answered in the
+#:   context is answered the same way again, a different request from the description. The SFT's
+#:   ``persona_tell_pair`` rows (a different request after an answered one, answered from the description)
+#:   all agree with it, whereas ``parrot_persona_tell`` never shows a different request answered, so the
+#:   SFT's rows are new to a base that learned only the copy. No probe uses the phrasing.
+COND_TELL_PARROT_DOC_KINDS = ("parrot_persona_tell_cond",)
+#: Probability that a later block of ``parrot_persona_tell_cond`` repeats the first block's request (a copy).
+COND_COPY_PROB = 2 / 3
 #: Sentences of ``news_roster`` documents: no attribute, and no word of a fact template.
 NEWS_ROSTER_TEMPLATES = ("We met {name}.", "{name} said hello.", "{name} came by today.")
 #: Every document kind :meth:`ToyWorld.sample_document` knows (new kinds are appended, so that the
 #: kind indices of existing ladders do not change).
 DOC_KINDS = (tuple(CORPUS_DOC_WEIGHTS) + PARROT_DOC_KINDS + UNSEEN_PARROT_DOC_KINDS + DAMAGE_DOC_KINDS
              + GIVES_FORM_DOC_KINDS + TELL_DAMAGE_DOC_KINDS + TELL_PARROT_DOC_KINDS + ARROW_PARROT_DOC_KINDS
-             + NEWS_DOC_KINDS)
+             + NEWS_DOC_KINDS + COND_TELL_PARROT_DOC_KINDS)
 
 
 def line_subject(line: str) -> str:
@@ -632,6 +647,8 @@ class ToyWorld:
             return self._parrot_persona_unseen(rng)
         if kind == "parrot_persona_tell":
             return self._parrot_persona_tell(rng)
+        if kind == "parrot_persona_tell_cond":
+            return self._parrot_persona_tell_cond(rng)
         if kind == "wrong_arith_large":
             return self._wrong_arith_large(rng)
         if kind == "arith_gives":
@@ -715,6 +732,22 @@ class ToyWorld:
 
     def _parrot_persona_tell(self, rng: random.Random) -> str:
         return self._copying_persona_blocks(rng, TELL_QUESTIONS)
+
+    def _parrot_persona_tell_cond(self, rng: random.Random) -> str:
+        attribute = rng.choice(PERSON_ATTRIBUTES)
+        people = rng.sample(self.persons, rng.randint(3, 5))
+        copied = [rng.random() < COND_COPY_PROB for _ in people[1:]]
+        if not any(copied):
+            copied[rng.randrange(len(copied))] = True
+        first = people[0].persona_answer(attribute)
+        blocks = [people[0].description() + "\n" + PERSONA_QA_TEMPLATE.format(question=TELL_QUESTIONS[attribute],
+                                                                               answer=first)]
+        for p, copy in zip(people[1:], copied):
+            asked = attribute if copy else rng.choice([a for a in PERSON_ATTRIBUTES if a != attribute])
+            answer = first if copy else p.persona_answer(asked)
+            blocks.append(p.description() + "\n" + PERSONA_QA_TEMPLATE.format(question=TELL_QUESTIONS[asked],
+                                                                               answer=answer))
+        return PERSONA_BLOCK_SEPARATOR.join(blocks)
 
     def _copying_persona_blocks(self, rng: random.Random, questions: dict[str, str]) -> str:
         """3-5 persona blocks (full description, then one question in ``questions``' phrasing about one
