@@ -22,11 +22,17 @@ def read_rows(ladder: Path, kind: str) -> list[dict]:
     path = ladder / "data" / "transfer.jsonl"
     if not path.is_file():
         raise SystemExit(f"{path}: no transfer set; pass a toy ladder folder (probeselect toy-ladder DIR ...)")
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if r["kind"] == kind]
+    every = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                every.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise SystemExit(f"{path}:{n}: not a JSON line ({e.msg}); rebuild the ladder's data "
+                                 "(probeselect toy-ladder DIR ...)") from None
+    rows = [r for r in every if r.get("kind") == kind]
     if not rows:
-        raise SystemExit(f"{path}: no row of kind {kind!r}; kinds there: "
-                         f"{sorted({json.loads(x)['kind'] for x in path.read_text().splitlines() if x.strip()})}")
+        raise SystemExit(f"{path}: no row of kind {kind!r}; kinds there: {sorted({str(r.get('kind')) for r in every})}")
     if any("shortcut" not in r for r in rows):
         raise SystemExit(f"{path}: rows of kind {kind!r} carry no 'shortcut'; pick a conflict kind")
     return rows
@@ -70,7 +76,9 @@ def main(argv=None) -> int:
     df = pd.DataFrame(table)
     print(df.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     if a.out:
-        df.to_csv(a.out, index=False)
+        tmp = a.out.with_name(a.out.name + ".tmp")
+        df.to_csv(tmp, index=False)
+        tmp.replace(a.out)  # atomic: an interrupted run leaves no partial table
     return 0
 
 

@@ -45,5 +45,10 @@ def test_bad_input_names_the_file_and_the_fix(pc, tiny_ladder, tmp_path):
         pc.read_rows(tmp_path, "persona_tell_copy")
     with pytest.raises(SystemExit, match="no row of kind 'nope'"):
         pc.read_rows(tiny_ladder, "nope")
+    bad = tmp_path / "bad" / "data"
+    bad.mkdir(parents=True)
+    (bad / "transfer.jsonl").write_text('{"kind": "persona_tell_copy"}\n{oops\n')
+    with pytest.raises(SystemExit, match=r"transfer.jsonl:2: not a JSON line"):
+        pc.read_rows(bad.parent, "persona_tell_copy")
     with pytest.raises(SystemExit, match="no such checkpoint"):
         pc.main([str(tiny_ladder), "--steps", "99999"])
