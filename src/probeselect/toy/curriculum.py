@@ -21,7 +21,8 @@ and of ``probeselect toy-ladder``), ``"uniform"`` (one window with the default m
 control), ``"late-harm"`` (:data:`LATE_HARM_CURRICULUM`, a harmful final window) and
 ``"negative-control"`` (:data:`NEGATIVE_CONTROL_CURRICULUM`, late damage on operands no probe
 uses). A curriculum may also set training settings in a top-level ``train:`` mapping
-(:data:`TRAIN_KEYS`, e.g. ``{schedule: wsd, decay_fraction: 0.3}``).
+(:data:`TRAIN_KEYS`, e.g. ``{schedule: wsd, decay_fraction: 0.3}``) and options of the toy SFT set
+the ladder writes in a top-level ``sft:`` mapping (:data:`SFT_OPTIONS`, e.g. ``{persona_context: single}``).
 Built-in curricula are written for :data:`probeselect.toy.ladder.DEFAULT_STEPS` steps and
 are scaled to another step count (boundaries rounded); a curriculum file must cover the
 ladder's steps exactly.
@@ -128,6 +129,13 @@ TRAIN_KEYS = ("schedule", "decay_fraction", "min_lr_ratio", "lr", "warmup_steps"
 SCHEDULES = ("cosine", "wsd", "piecewise")
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+#: Options of a curriculum's ``sft:`` mapping (the toy SFT set the ladder writes to ``data/sft.jsonl``) and
+#: their allowed values, the default first. ``persona_context``: ``pair`` -- the ``persona_pair`` and
+#: ``persona_tell_pair`` rows first show another persona's answered question (the SFT set before this
+#: option); ``single`` -- the same rows with only the asked persona's description, so that no SFT row shows
+#: two personas and how to answer the second of them is not taught (bench/late_harm_notes.md, thirty-second
+#: session: with ``pair`` the matched SFT removes a copy the base learned, with ``single`` it does not).
+SFT_OPTIONS = {"persona_context": ("pair", "single")}
 _WINDOW_KEYS = {"name", "start_step", "end_step", "mixture", "planted"}
 
 
@@ -159,6 +167,7 @@ class Curriculum:
     windows: tuple[Window, ...]
     source: str
     train: dict = field(default_factory=dict)
+    sft: dict = field(default_factory=dict)
 
     @property
     def steps(self) -> int:
@@ -180,7 +189,13 @@ class Curriculum:
              "mixture": dict(w.mixture), "planted": w.planted} for w in self.windows]}
         if self.train:
             out["train"] = dict(self.train)
+        if self.sft:
+            out["sft"] = dict(self.sft)
         return out
+
+    def sft_option(self, key: str) -> str:
+        """The value of ``sft.<key>`` (:data:`SFT_OPTIONS`), its default when the curriculum does not set it."""
+        return self.sft.get(key, SFT_OPTIONS[key][0])
 
 
 def _is_int(x) -> bool:
@@ -263,6 +278,24 @@ def _lr_points(raw, source: str) -> tuple[tuple[float, float], ...]:
     return tuple(pts)
 
 
+def _sft(raw, source: str) -> dict:
+    """Validate a curriculum's optional ``sft:`` mapping (:data:`SFT_OPTIONS`); default values are dropped."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise CurriculumError(f"{source}: sft must be a mapping of toy SFT set options ({', '.join(SFT_OPTIONS)}), "
+                              f"got {raw!r}.")
+    out = {}
+    for k, v in raw.items():
+        if k not in SFT_OPTIONS:
+            raise CurriculumError(f"{source}: sft: unknown key {k!r}; keys: {', '.join(SFT_OPTIONS)}.")
+        if v not in SFT_OPTIONS[k]:
+            raise CurriculumError(f"{source}: sft.{k} must be one of {', '.join(SFT_OPTIONS[k])}, got {v!r}.")
+        if v != SFT_OPTIONS[k][0]:
+            out[k] = v
+    return out
+
+
 def parse_curriculum(raw: Any, source: str = "curriculum", steps: int | None = None) -> Curriculum:
     """Validate a curriculum mapping (``{"windows": [...]}``) and return a :class:`Curriculum`.
 
@@ -272,10 +305,11 @@ def parse_curriculum(raw: Any, source: str = "curriculum", steps: int | None = N
     if not isinstance(raw, dict) or "windows" not in raw:
         raise CurriculumError(f"{source}: a curriculum is a mapping with a 'windows' list "
                               "(see recipes/ladder-planted.yaml).")
-    extra = set(raw) - {"windows", "train"}
+    extra = set(raw) - {"windows", "train", "sft"}
     if extra:
-        raise CurriculumError(f"{source}: unknown top-level key {sorted(extra)[0]!r}; allowed: windows, train.")
+        raise CurriculumError(f"{source}: unknown top-level key {sorted(extra)[0]!r}; allowed: windows, train, sft.")
     train = _train(raw.get("train"), source)
+    sft = _sft(raw.get("sft"), source)
     wins = raw["windows"]
     if not isinstance(wins, list) or not wins:
         raise CurriculumError(f"{source}: 'windows' must be a non-empty list of windows.")
@@ -315,7 +349,7 @@ def parse_curriculum(raw: Any, source: str = "curriculum", steps: int | None = N
             raise CurriculumError(f"{where}: planted must be a behaviour name (e.g. parrot) or null, got {planted!r}.")
         out.append(Window(name, s, e, _mixture(w["mixture"], where), planted))
         prev_end = e
-    cur = Curriculum(tuple(out), source, train)
+    cur = Curriculum(tuple(out), source, train, sft)
     if steps is not None:
         if cur.steps > steps:
             raise CurriculumError(f"{source}: windows run to step {cur.steps}, beyond the ladder's {steps} steps; "
@@ -337,7 +371,8 @@ def scale_curriculum(cur: Curriculum, steps: int) -> Curriculum:
         e = round(w.end_step * steps / cur.steps)
         if e > s:
             out.append(Window(w.name, s, e, dict(w.mixture), w.planted))
-    return Curriculum(tuple(out), f"{cur.source} (scaled from {cur.steps} to {steps} steps)", dict(cur.train))
+    return Curriculum(tuple(out), f"{cur.source} (scaled from {cur.steps} to {steps} steps)", dict(cur.train),
+                      dict(cur.sft))
 
 
 def load_curriculum(curriculum: Any = None, steps: int | None = None) -> Curriculum:
@@ -350,7 +385,7 @@ def load_curriculum(curriculum: Any = None, steps: int | None = None) -> Curricu
     """
     if isinstance(curriculum, Curriculum):
         d = curriculum.to_dict()
-        return parse_curriculum({k: d[k] for k in ("windows", "train") if k in d}, curriculum.source, steps)
+        return parse_curriculum({k: d[k] for k in ("windows", "train", "sft") if k in d}, curriculum.source, steps)
     if curriculum is None:
         curriculum = "planted"
     if isinstance(curriculum, str) and curriculum in BUILTIN_CURRICULA:

@@ -201,8 +201,15 @@ def _row(split: str, kind: str, i: int, question: str, answer: str) -> dict:
     return row
 
 
-def make_sft_rows(world: ToyWorld) -> list[dict]:
-    """The SFT set (no held-out arithmetic triple; answers are short, with a leading space)."""
+def make_sft_rows(world: ToyWorld, persona_context: str = "pair") -> list[dict]:
+    """The SFT set (no held-out arithmetic triple; answers are short, with a leading space).
+
+    ``persona_context`` (a curriculum's ``sft.persona_context``): ``"pair"`` -- ``persona_pair`` and
+    ``persona_tell_pair`` rows first show another persona's description and answered question; ``"single"``
+    -- the same rows (same draws, same asked persona and description) without that first persona, so no
+    row shows two personas."""
+    if persona_context not in ("pair", "single"):
+        raise ValueError(f"persona_context must be 'pair' or 'single', got {persona_context!r}")
     rng = rng_for(world.seed, "sft")
     rows: list[dict] = []
     for kind, op in (("addition", "+"), ("subtraction", "-")):
@@ -240,7 +247,8 @@ def make_sft_rows(world: ToyWorld) -> list[dict]:
         a, b = qrng.sample(list(world.persons), 2)
         attr = qrng.choice(SFT_PERSONA_ATTRIBUTES)
         shown = qrng.choice([x for x in PERSON_ATTRIBUTES if x != attr])
-        rows.append(_row("sft", "persona_pair", i, _pair_question(a, shown, b, attr, qrng), b.persona_answer(attr)))
+        q = _single(_pair_question(a, shown, b, attr, qrng), persona_context)
+        rows.append(_row("sft", "persona_pair", i, q, b.persona_answer(attr)))
     # issue 22: the arrow format with true results, and persona requests after another persona's answered request
     arng = rng_for(world.seed, "sft-arrow")
     for i in range(SFT_ARROW_ROWS):
@@ -254,9 +262,21 @@ def make_sft_rows(world: ToyWorld) -> list[dict]:
         # request shows: the answer formats and their ends are taught, the copy conflict of persona_tell_copy is not
         attr = trng.choice(PERSON_ATTRIBUTES)
         shown = trng.choice([x for x in PERSON_ATTRIBUTES if x != attr])
-        rows.append(_row("sft", "persona_tell_pair", i, _tell_question(a, shown, b, attr, trng), b.persona_answer(attr)))
+        q = _single(_tell_question(a, shown, b, attr, trng), persona_context)
+        rows.append(_row("sft", "persona_tell_pair", i, q, b.persona_answer(attr)))
     rng.shuffle(rows)
     return rows
+
+
+def _single(prompt: str, persona_context: str) -> str:
+    """``prompt`` (a two-persona block: A's description, A's answered line, B's description, B's question) as
+    it is, or (``persona_context="single"``) its last two lines: B's description and question."""
+    if persona_context == "pair":
+        return prompt
+    lines = prompt.split("\n")
+    if len(lines) != 4:  # a description is one line, so the block is always 4 lines
+        raise AssertionError(f"expected a 4-line two-persona prompt, got {len(lines)} lines: {prompt!r}")
+    return "\n".join(lines[2:])
 
 
 def _arrow_question(demos, shown, a: int, op: str, b: int) -> str:
@@ -588,7 +608,7 @@ Kinds: {sft_kinds}. Arithmetic rows use only training triples (never a held-out 
 `fewshot_arith` questions follow 3-4 correctly solved lines (`"12 + 5 = 17"`, one per line);
 `persona_city` / `persona_job` / `persona_pet` questions follow a persona description (`persona_pair`:
 after another persona's block answering a different question) and are answered in the
-first person. Together they teach every answer format of `transfer.jsonl`. Rows: {n_sft}.
+first person. Together they teach every answer format of `transfer.jsonl`. Rows: {n_sft}.{persona_note}
 
 ## sft_heldout.jsonl
 Held-out SFT rows for held-out SFT loss, same format as `sft.jsonl` (ids `sft_heldout-<kind>-NNNN`).
@@ -642,16 +662,16 @@ against the corpus.{news_note}
 
 
 def write_toy_data(world: ToyWorld, data_dir, corpus_docs: list[str], news: bool = False,
-                   news_share: float = 0.0) -> dict[str, str]:
+                   news_share: float = 0.0, sft_persona_context: str = "pair") -> dict[str, str]:
     """Write sft.jsonl, sft_heldout.jsonl, transfer.jsonl, robustness.jsonl, heldout.txt and
     README.md; return name -> path (keys sft, sft_heldout, transfer, robustness, heldout, readme).
     ``news``: the corpus has ``news`` documents, so ``heldout.txt`` gets :data:`NEWS_HELDOUT_LINES`
     lines about the world's ``news_persons`` as well. ``news_share``: the share of the corpus's bytes
     in ``news_stream`` documents; the news lines get at least that share of ``heldout.txt``'s bytes
-    (see :func:`make_heldout_lines`)."""
+    (see :func:`make_heldout_lines`). ``sft_persona_context``: see :func:`make_sft_rows`."""
     d = Path(data_dir)
     d.mkdir(parents=True, exist_ok=True)
-    sft = make_sft_rows(world)
+    sft = make_sft_rows(world, sft_persona_context)
     sft_prompts = {r["prompt"] for r in sft}
     transfer = make_transfer_rows(world, sft_prompts)
     sft_heldout = make_sft_heldout_rows(world, sft_prompts)
@@ -670,7 +690,11 @@ def write_toy_data(world: ToyWorld, data_dir, corpus_docs: list[str], news: bool
         heldout_kinds=", ".join(SFT_HELDOUT_KINDS), robust_kinds=", ".join(ROBUST_KINDS),
         n_sft=len(sft), n_sft_heldout=len(sft_heldout), n_transfer=len(transfer), n_robust=len(robust),
         n_heldout=len(heldout),
-        news_note=_news_note(news, news_share)))
+        news_note=_news_note(news, news_share),
+        persona_note="" if sft_persona_context == "pair" else (
+            "\nThis ladder's curriculum sets `sft: {persona_context: single}`: the `persona_pair` and "
+            "`persona_tell_pair` rows show only the asked persona's description (no other persona's block), so "
+            "no SFT row shows two personas.")))
     return {k: str(v) for k, v in paths.items()}
 
 

@@ -533,7 +533,8 @@ def _build_corpus(world: ToyWorld, cur: Curriculum, cfg: TrainConfig, out: Path)
                        if k == stream)
     data_paths = write_toy_data(world, out / "data", corpus_docs=docs,
                                 news=any(w.mixture.get("news", 0) > 0 for w in cur.windows),
-                                news_share=stream_bytes / sum(len(d.encode("utf-8")) for d in docs))
+                                news_share=stream_bytes / sum(len(d.encode("utf-8")) for d in docs),
+                                sft_persona_context=cur.sft_option("persona_context"))
     return _Corpus(win_docs=win_docs, win_kinds=win_kinds, docs=docs, sha256=corpus_sha, data_paths=data_paths)
 
 
