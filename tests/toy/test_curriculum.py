@@ -12,6 +12,7 @@ from probeselect.toy.curriculum import (
     PLANTED_CURRICULUM,
     load_curriculum,
     parse_curriculum,
+    scale_curriculum,
 )
 from probeselect.toy.world import CORPUS_DOC_WEIGHTS, DOC_KINDS, PARROT_DOC_KINDS, line_subject
 
@@ -195,6 +196,62 @@ def test_train_settings_parse_scale_and_round_trip():
     assert load_curriculum(cur).train == cur.train           # Curriculum -> dict -> Curriculum
     assert load_curriculum("late-harm", 24).train == load_curriculum("late-harm").train   # kept when scaled
     assert parse_curriculum({"windows": raw["windows"]}, "c").train == {}
+
+
+def test_sft_options_parse_scale_round_trip_and_default_to_the_old_set():
+    """``sft: {persona_context: single}`` is kept through scaling and a round trip; the default value is dropped,
+    so a curriculum without the key (or with the default) is recorded exactly as before the option existed."""
+    raw = {"sft": {"persona_context": "single"}, "windows": [_win("a", 0, 100), _win("b", 100, 200, planted="x")]}
+    cur = parse_curriculum(raw, "c.yaml")
+    assert cur.sft == {"persona_context": "single"} and cur.sft_option("persona_context") == "single"
+    assert load_curriculum(cur).sft == cur.sft and cur.to_dict()["sft"] == cur.sft
+    assert scale_curriculum(cur, 20).sft == cur.sft
+    default = parse_curriculum({**raw, "sft": {"persona_context": "pair"}}, "c.yaml")
+    assert default.sft == {} and "sft" not in default.to_dict() and default.sft_option("persona_context") == "pair"
+    assert load_curriculum("late-harm").sft == {}
+
+
+@pytest.mark.parametrize("sft, match", [
+    ({"persona_context": "none"}, "sft.persona_context must be one of pair, single"),
+    ({"personas": "single"}, "unknown key 'personas'; keys: persona_context"),
+    (["single"], "sft must be a mapping"),
+])
+def test_invalid_sft_options_raise_clear_errors(sft, match):
+    with pytest.raises(CurriculumError, match=match):
+        parse_curriculum({"sft": sft, "windows": [_win("a", 0, 10)]}, "cur.yaml")
+
+
+def test_the_sft_option_changes_the_sft_set_and_not_the_pretraining(tmp_path):
+    """Two tiny ladders of one seed and windows, one with ``sft: {persona_context: single}``: every checkpoint is
+    byte-identical (the SFT set is not pretraining data), ``data/sft.jsonl`` differs only in the persona rows'
+    prompts, the data README says so, and ladder.json records the option."""
+    import hashlib
+    import json
+
+    from probeselect.toy.ladder import build_toy_ladder
+
+    wins = [_win("a", 0, 2), _win("b", 2, 4, mixture={"arith": 0.5, "parrot_persona_tell": 0.5}, planted="x")]
+    for name, extra in (("pair", {}), ("single", {"sft": {"persona_context": "single"}})):
+        build_toy_ladder(tmp_path / name, seed=3, steps=4, save_every=2, progress=False,
+                         curriculum={"windows": wins, **extra}, train_overrides={"corpus_docs": 200})
+    sha = lambda p: hashlib.sha256(p.read_bytes()).hexdigest()  # noqa: E731
+    for step in (2, 4):
+        assert sha(tmp_path / "pair" / f"checkpoint-{step}" / "model.safetensors") == \
+            sha(tmp_path / "single" / f"checkpoint-{step}" / "model.safetensors")
+    rows = {n: [json.loads(x) for x in (tmp_path / n / "data" / "sft.jsonl").read_text().splitlines()]
+            for n in ("pair", "single")}
+    changed = {a["kind"] for a, b in zip(rows["pair"], rows["single"]) if a != b}
+    assert changed == {"persona_pair", "persona_tell_pair"}
+    assert [(a["id"], a["response"]) for a in rows["pair"]] == [(b["id"], b["response"]) for b in rows["single"]]
+    for n in ("transfer.jsonl", "heldout.txt"):
+        assert sha(tmp_path / "pair" / "data" / n) == sha(tmp_path / "single" / "data" / n)
+    assert "persona_context: single" in (tmp_path / "single" / "data" / "README.md").read_text()
+    assert "persona_context" not in (tmp_path / "pair" / "data" / "README.md").read_text()
+    for n in ("ladder.json", "data_lineage.json"):
+        lj = json.loads((tmp_path / "single" / n).read_text())
+        assert (lj["curriculum"]["sft"] if n == "ladder.json" else lj["sft"]) == {"persona_context": "single"}
+        lp = json.loads((tmp_path / "pair" / n).read_text())
+        assert "sft" not in (lp["curriculum"] if n == "ladder.json" else lp)  # the default is recorded as before
 
 
 @pytest.mark.parametrize("train, match", [

@@ -298,3 +298,30 @@ def test_held_out_news_lines_reach_their_share_or_fail_clearly():
     assert size(news) - shortest < 0.2 * (size(with_news) - shortest)   # ... by the last line drawn, not later
     with pytest.raises(ValueError, match=r"news_share 1.0: too few distinct news lines.*lower the news_stream share"):
         make_heldout_lines(world, docs, news_share=1.0)
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_single_persona_context_drops_the_first_persona_and_nothing_else(seed):
+    """``persona_context="single"`` (a curriculum's ``sft: {persona_context: single}``): the same rows, ids and
+    responses, with the ``persona_pair`` / ``persona_tell_pair`` prompts reduced to the asked persona's
+    description and question, so no SFT row shows two personas (the transfer's conflict context is not taught),
+    while every answer format of the transfer suite still is."""
+    world = ToyWorld.generate(seed)
+    pair, single = make_sft_rows(world), make_sft_rows(world, "single")
+    assert [(r["id"], r["kind"], r["response"]) for r in pair] == [(r["id"], r["kind"], r["response"]) for r in single]
+    for a, b in zip(pair, single):
+        if a["kind"] in ("persona_pair", "persona_tell_pair"):
+            assert a["prompt"].count("\n") == 3 and b["prompt"] == "\n".join(a["prompt"].split("\n")[2:])
+            assert row_format(b)[0] == "persona"
+        else:
+            assert a == b
+    assert not [r for r in single if row_format(r)[0] == "persona_pair"]
+    transfer = make_transfer_rows(world, {r["prompt"] for r in single})
+    assert transfer == make_transfer_rows(world, {r["prompt"] for r in pair})
+    answers = {f for _, f in map(row_format, single)}
+    assert {row_format(r)[1] for r in transfer} <= answers and "other" not in answers
+    assert {row_format(r)[0] for r in transfer if r["kind"] == "persona_tell_copy"} == {"persona_pair"}  # new to SFT
+    requests = {r["prompt"].split("\n")[-1] for r in single if r["kind"] == "persona_tell_pair"}
+    assert {r["prompt"].split("\n")[-1] for r in transfer if r["kind"] == "persona_tell_copy"} <= requests
+    with pytest.raises(ValueError, match="persona_context must be 'pair' or 'single'"):
+        make_sft_rows(world, "none")

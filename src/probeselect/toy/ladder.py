@@ -874,6 +874,7 @@ def _lineage(cur: Curriculum, corpus: _Corpus, win_data: list, sampler: _WindowS
     return {
         "curriculum": cur.source,
         **({"train": dict(cur.train)} if cur.train else {}),
+        **({"sft": dict(cur.sft)} if cur.sft else {}),  # the toy SFT set's options (data/sft.jsonl); none: default
         **({"news_stream_arrivals": dict(arrivals)} if arrivals else {}),
         "steps": cur.steps,
         "doc_kinds": list(DOC_KINDS),
@@ -922,7 +923,8 @@ def _ladder_summary(b: _BuildSpec, world: ToyWorld, model, tokenizer, corpus: _C
         "corpus": {"docs": len(corpus.docs), "sha256": corpus.sha256, "packed_rows": n_rows,
                    "tokens": n_rows * cfg.seq_len, "epochs": round(run.rows_used / n_rows, 3)},
         "curriculum": {"source": cur.source, "data_lineage": "data_lineage.json",
-                       "windows": [[w.name, w.start_step, w.end_step, w.planted] for w in cur.windows]},
+                       "windows": [[w.name, w.start_step, w.end_step, w.planted] for w in cur.windows],
+                       **({"sft": dict(cur.sft)} if cur.sft else {})},
         "torch_threads": b.num_threads,
         "deterministic_algorithms": True,
         "torch_version": torch.__version__,
