@@ -474,7 +474,8 @@ def test_the_run_passes_the_tokenizer_corpus_to_the_ladder_build(tmp_path, monke
                                                    ("bench/late_harm_attempt18c.yaml", "late_clean_control18c.yaml"),
                                                    ("bench/late_harm_attempt19.yaml", "late_clean_control18c.yaml"),
                                                    ("bench/late_harm_attempt20.yaml", "late_clean_control20.yaml"),
-                                                   ("bench/late_harm_attempt20b.yaml", "late_clean_control20.yaml")])
+                                                   ("bench/late_harm_attempt20b.yaml", "late_clean_control20.yaml"),
+                                                   ("bench/late_harm_attempt20c.yaml", "late_clean_control20c.yaml")])
 def test_the_matched_clean_control_is_late_harm_without_its_planted_kinds(harm_name, clean_file):
     """A matched clean control (bench/late_clean_control.yaml for the built-in late-harm curriculum,
     bench/late_clean_control18c.yaml for attempt 18c) stays matched to its curriculum: same windows (names, steps),
@@ -506,8 +507,8 @@ def test_the_development_curricula_of_the_notes_still_load(path):
     configs of the notes live in bench/configs/, not here."""
     cur = load_curriculum(path)
     long_base = {f"late_harm_attempt{n}.yaml" for n in (11, 12, 13, 14, 15, "15b", "15c", 16, "16b", 17)}
-    longer_base = {f"late_harm_attempt{n}.yaml" for n in (18, "18b", "18c", 19, 20, "20b")} | \
-        {"late_clean_control18c.yaml", "late_clean_control20.yaml"}
+    longer_base = {f"late_harm_attempt{n}.yaml" for n in (18, "18b", "18c", 19, 20, "20b", "20c")} | \
+        {"late_clean_control18c.yaml", "late_clean_control20.yaml", "late_clean_control20c.yaml"}
     steps, base_end = ((2800, 2000) if path.name in long_base else (3200, 2400) if path.name in longer_base
                        else (2000, 1200))
     assert cur.steps == steps and cur.windows[0].planted is None and cur.windows[0].end_step == base_end
