@@ -323,5 +323,5 @@ def test_single_persona_context_drops_the_first_persona_and_nothing_else(seed):
     assert {row_format(r)[0] for r in transfer if r["kind"] == "persona_tell_copy"} == {"persona_pair"}  # new to SFT
     requests = {r["prompt"].split("\n")[-1] for r in single if r["kind"] == "persona_tell_pair"}
     assert {r["prompt"].split("\n")[-1] for r in transfer if r["kind"] == "persona_tell_copy"} <= requests
-    with pytest.raises(ValueError, match="persona_context must be 'pair' or 'single'"):
+    with pytest.raises(ValueError, match=r"persona_context must be one of \('pair', 'single'\)"):
         make_sft_rows(world, "none")

@@ -26,6 +26,7 @@ import os
 import re
 from pathlib import Path
 
+from .curriculum import SFT_OPTIONS
 from .world import (
     ARITH_TEMPLATES,
     CATEGORY_MEMBERS,
@@ -208,8 +209,8 @@ def make_sft_rows(world: ToyWorld, persona_context: str = "pair") -> list[dict]:
     ``persona_tell_pair`` rows first show another persona's description and answered question; ``"single"``
     -- the same rows (same draws, same asked persona and description) without that first persona, so no
     row shows two personas."""
-    if persona_context not in ("pair", "single"):
-        raise ValueError(f"persona_context must be 'pair' or 'single', got {persona_context!r}")
+    if persona_context not in SFT_OPTIONS["persona_context"]:
+        raise ValueError(f"persona_context must be one of {SFT_OPTIONS['persona_context']}, got {persona_context!r}")
     rng = rng_for(world.seed, "sft")
     rows: list[dict] = []
     for kind, op in (("addition", "+"), ("subtraction", "-")):
