@@ -59,7 +59,8 @@ truth's own rule cannot separate pick and best), ``agree_strict`` (pick = best),
 (decisive and equivalence-agreeing). ``validity.csv`` also holds Kendall tau-b of the truth values
 with the shortlist aggregate (``tau_probes``), the step number (``tau_step``) and -bpb
 (``tau_neg_bpb``), the planted-dip verdict and timings; ``truth_values.csv`` every checkpoint's
-truth value. Every stage is resumable, and every finished task is logged with its seconds.
+truth value. Every stage is resumable, and every finished task is logged with its seconds; the seconds in
+``validity.csv`` and ``validity.json`` add up the parts of a resumed run (``OUT/task_seconds.json``, :class:`_TaskClock`).
 """
 
 from __future__ import annotations
@@ -779,6 +780,45 @@ def _markdown(df: pd.DataFrame) -> str:
     return "\n".join(out)
 
 
+class _TaskClock:
+    """Seconds that survive a resume, in ``OUT/task_seconds.json``.
+
+    A resumed validation skips what is done, so a finished task returns in a second and the wall clock of the
+    last part is all that :func:`time.perf_counter` sees. This keeps, per task (``"<seed>/<kind>[/<what>]"``),
+    the seconds of every part that finished it, added up, and per part of the run (``parts``: its start and
+    its wall seconds so far, updated at every finished task). A task stopped mid-run loses the seconds of the
+    part that was stopped (its own checkpoints resume its work, not its clock), so totals are lower bounds
+    for a run that was stopped."""
+
+    def __init__(self, out: Path):
+        self.path = Path(out) / "task_seconds.json"
+        state = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        if state and not (isinstance(state.get("tasks"), dict) and isinstance(state.get("parts"), list)):
+            raise RuntimeError(f"{self.path}: not a task-seconds file of bench/validity.py (keys 'tasks' and "
+                               "'parts'); delete it to start the clock afresh.")
+        self.tasks: dict[str, float] = dict(state.get("tasks", {}))
+        self.parts: list[dict] = list(state.get("parts", []))
+        self.parts.append({"started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "seconds": 0.0})
+        self._t0 = time.perf_counter()
+
+    def add(self, seed: int, kind: str, what, took: float) -> float:
+        """Add this part's ``took`` to the task's total; returns the total over all parts."""
+        key = f"{seed}/{kind}" + (f"/{what}" if what else "")
+        self.tasks[key] = round(self.tasks.get(key, 0.0) + float(took), 1)
+        self.tick()
+        return self.tasks[key]
+
+    def tick(self) -> None:
+        self.parts[-1]["seconds"] = round(time.perf_counter() - self._t0, 1)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(self.path, {"tasks": self.tasks, "parts": self.parts})
+
+    @property
+    def wall(self) -> float:
+        """The wall seconds of every part, added up (this one up to the last :meth:`tick`)."""
+        return round(sum(p["seconds"] for p in self.parts), 1)
+
+
 class _Inline:
     """An executor that runs each task at submission, in this process (``jobs=1``)."""
 
@@ -799,17 +839,19 @@ class _Inline:
         return False
 
 
-def _schedule(seeds, out: Path, st: dict, jobs: int, log, keep) -> None:
+def _schedule(seeds, out: Path, st: dict, jobs: int, log, keep, clock: _TaskClock | None = None) -> None:
     """Run every stage of every seed, each as soon as its inputs exist: a seed's pipeline; then
     (main process) its truth suite and perturbed twins, and one truth task per checkpoint and per
     twin plus the probe-free pilot; then its two tie pilots; then its row. ``jobs > 1``: on ``jobs``
     single-threaded worker processes (tasks are minutes long, so the workers stay busy);
     ``jobs = 1``: in this process, one after the other (same results). Every finished task is
-    logged with its seconds and the wall time so far."""
+    logged with its seconds and the wall time so far. ``clock`` (default: a fresh :class:`_TaskClock` on
+    ``out``) adds each task's seconds to those of earlier parts of a resumed run."""
     import multiprocessing as mp
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     t_start = time.perf_counter()
+    clock = clock or _TaskClock(out)
     secs = {s: {"pipeline": 0.0, "truth": 0.0, "probe_free": 0.0, "ties": 0.0} for s in seeds}
     left: dict[int, set] = {}
     ckpts_of: dict[int, list] = {}
@@ -836,8 +878,10 @@ def _schedule(seeds, out: Path, st: dict, jobs: int, log, keep) -> None:
             for f in sorted(done, key=lambda f: (pending[f][1], pending[f][0], str(pending[f][2]))):
                 kind, s, what = pending.pop(f)
                 res = f.result()  # a failed stage stops the validation with its own error
-                took = res["seconds"] if kind == "pipeline" else res
-                log(f"[seed {s}] done {kind}{' ' + str(what) if what else ''}: {took:.0f} s "
+                part = res["seconds"] if kind == "pipeline" else res
+                took = clock.add(s, kind, what, part)  # this part's seconds plus earlier parts'
+                log(f"[seed {s}] done {kind}{' ' + str(what) if what else ''}: {part:.0f} s"
+                    f"{f' ({took:.0f} s over all parts)' if took > part + 0.5 else ''} "
                     f"(wall {time.perf_counter() - t_start:.0f} s)")
                 if kind == "pipeline":
                     secs[s]["pipeline"] = took
@@ -915,7 +959,6 @@ def validate(seeds: list[int], out: Path, *, config: Path = ROOT / "recipes" / "
     out = Path(out)
     st = _settings(config, tiny, truth_seeds, truth_seed_start, twin_noise, curriculum)
     rows, sels, ties, facts = [], [], [], {}
-    t0 = time.perf_counter()
     order = lambda r: seeds.index(r["seed"])  # noqa: E731
 
     def _keep(row, sel, tie, fact):
@@ -928,7 +971,8 @@ def validate(seeds: list[int], out: Path, *, config: Path = ROOT / "recipes" / "
         atomic_write_csv(out / "selectors.csv", pd.DataFrame(sorted(sels, key=lambda r: (order(r), SELECTORS.index(r["selector"])))))
         atomic_write_csv(out / "ties.csv", pd.DataFrame(sorted(ties, key=lambda t: (order(t), t["tie"]))))
 
-    _schedule(seeds, out, st, jobs, log, _keep)
+    clock = _TaskClock(out)
+    _schedule(seeds, out, st, jobs, log, _keep, clock)
     df = pd.DataFrame(rows)
     sdf = pd.DataFrame(sorted(sels, key=lambda r: (order(r), SELECTORS.index(r["selector"]))))
     tdf = pd.DataFrame(sorted(ties, key=lambda t: (order(t), t["tie"])))
@@ -946,6 +990,7 @@ def validate(seeds: list[int], out: Path, *, config: Path = ROOT / "recipes" / "
     rep_cfg = cfg0.get("replicate")
     replicate_seeds = ([] if rep_cfg is None else list(rep_cfg.get("seeds") or range(
         max(pilot_seeds + confirm_seeds) + 1, max(pilot_seeds + confirm_seeds) + 1 + len(confirm_seeds))))
+    clock.tick()
     totals = {"seeds": seeds, "dev_seeds": DEV_SEEDS, "fresh": not (set(seeds) & set(DEV_SEEDS)),
               "truth_seeds": st["truth_seeds"], "pilot_seeds": pilot_seeds, "confirm_seeds": confirm_seeds,
               **({"replicate_seeds": replicate_seeds} if rep_cfg is not None else {}),
@@ -958,7 +1003,7 @@ def validate(seeds: list[int], out: Path, *, config: Path = ROOT / "recipes" / "
               "mean_tau_probes": float(df["tau_probes"].mean()), "mean_tau_step": float(df["tau_step"].mean()),
               "mean_tau_neg_bpb": float(df["tau_neg_bpb"].mean()),
               "selectors": summ.to_dict("records"),
-              "seconds": round(time.perf_counter() - t0, 1), "config": str(config), "tiny": tiny,
+              "seconds": clock.wall, "seconds_parts": clock.parts, "config": str(config), "tiny": tiny,
               "curriculum": curriculum}
     if set(pilot_seeds + confirm_seeds + replicate_seeds) & set(st["truth_seeds"]):
         raise RuntimeError(f"truth SFT seeds {st['truth_seeds']} overlap the pilot/confirmation/replication seeds "
@@ -1099,6 +1144,7 @@ def save_record(run_dir: Path, records: Path, name: str, argv: list[str]) -> Pat
     command = "python bench/validity.py " + shlex.join(str(x) for x in argv)
     rec = {"command": command, "commit": commit, "dirty": dirty, "seeds": tot["seeds"], "config": tot.get("config"),
            "curriculum": tot.get("curriculum"), "tiny": tot.get("tiny"), "seconds": tot.get("seconds"),
+           **({"seconds_parts": tot["seconds_parts"]} if tot.get("seconds_parts") else {}),
            "cpu": _ladder_cpus(run_dir, seeds)}
     tmp = folder.with_name(folder.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -1115,8 +1161,10 @@ def save_record(run_dir: Path, records: Path, name: str, argv: list[str]) -> Pat
         sha = (commit[:7] + (" + uncommitted changes" if dirty else "")) if commit else "unknown"
         cur = tot.get("curriculum") or "(the config's own)"
         cpu = ", ".join(f"{c.get('model')} ({c.get('torch_cpu_capability')})" for c in rec["cpu"]) or "CPU not recorded"
+        n_parts = len(tot.get("seconds_parts") or [])
+        parts = f" in {n_parts} parts (resumed)" if n_parts > 1 else ""
         row = (f"| `{folder.name}` | {cur} | `{tot.get('config')}` | "
-               f"{_seeds_label(tot['seeds'])[1:]} | `{command}` | {sha} | {cpu}, {tot.get('seconds', 0):,.0f} s |\n")
+               f"{_seeds_label(tot['seeds'])[1:]} | `{command}` | {sha} | {cpu}, {tot.get('seconds', 0):,.0f} s{parts} |\n")
         text = readme.read_text(encoding="utf-8")
         atomic_write_text(readme, text + ("" if text.endswith("\n") else "\n") + row)
     return folder

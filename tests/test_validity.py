@@ -162,6 +162,47 @@ def test_validity_scheduled_workers_give_the_same_results(smoke, tmp_path, monke
     pd.testing.assert_frame_equal(pd.read_csv(ref / "ties.csv"), pd.read_csv(out / "ties.csv"))
 
 
+def test_task_clock_adds_the_parts_of_a_resumed_run_and_refuses_a_foreign_file(tmp_path):
+    """A resumed validation's finished tasks return in a second: the clock must add each task's seconds to
+    those of the earlier parts, not report the last part's alone."""
+    clock_cls = _module()._TaskClock
+    first = clock_cls(tmp_path)
+    assert first.add(5, "truth", "checkpoint-200", 60.0) == 60.0
+    assert first.add(5, "pipeline", None, 30.0) == 30.0
+    second = clock_cls(tmp_path)                 # the same command, run again into the same folder
+    assert second.add(5, "truth", "checkpoint-200", 1.0) == 61.0
+    assert second.add(6, "pipeline", None, 2.0) == 2.0
+    state = json.loads((tmp_path / "task_seconds.json").read_text())
+    assert state["tasks"] == {"5/truth/checkpoint-200": 61.0, "5/pipeline": 30.0, "6/pipeline": 2.0}
+    assert len(state["parts"]) == 2 and all(p["started_utc"].endswith("Z") for p in state["parts"])
+    assert second.wall == pytest.approx(sum(p["seconds"] for p in state["parts"]))
+    (tmp_path / "task_seconds.json").write_text(json.dumps({"pipeline": 3.0}))
+    with pytest.raises(RuntimeError, match=r"task_seconds\.json.*delete it"):
+        clock_cls(tmp_path)
+
+
+def test_a_resumed_validation_keeps_its_results_and_adds_up_its_seconds(smoke, tmp_path, monkeypatch):
+    """Run the finished smoke validation's command again on a copy of its folder: every stage resumes, the
+    tables are the same, and the seconds are those of both parts, not of the second part alone."""
+    import shutil
+
+    ref, ref_totals = smoke
+    monkeypatch.chdir(REPO)
+    out = tmp_path / "v"
+    shutil.copytree(ref, out)
+    totals = _module().validate([0], out, truth_seeds=2, tiny=True, log=lambda m: None)
+    timing = ["seconds_pipeline", "seconds_truth", "seconds_probe_free", "seconds_ties"]
+    a, b = (pd.read_csv(d / "validity.csv") for d in (ref, out))
+    pd.testing.assert_frame_equal(a.drop(columns=timing), b.drop(columns=timing))
+    pd.testing.assert_frame_equal(pd.read_csv(ref / "selectors.csv"), pd.read_csv(out / "selectors.csv"))
+    for c in timing:
+        assert b[c].iloc[0] >= a[c].iloc[0] > 0, c
+    state = json.loads((out / "task_seconds.json").read_text())
+    assert len(state["parts"]) == 2 and totals["seconds_parts"] == state["parts"]
+    assert totals["seconds"] == pytest.approx(ref_totals["seconds"] + state["parts"][1]["seconds"], abs=0.2)
+    assert b["seconds_pipeline"].iloc[0] == pytest.approx(state["tasks"]["0/pipeline"], abs=0.1)
+
+
 def test_merge_truth_concatenates_matched_parts_and_refuses_unmatched(tmp_path):
     """The truth is trained one checkpoint per worker; the merge must refuse parts whose SFT data
     differ (the matched-pilot guarantee), not silently concatenate them."""
