@@ -792,8 +792,12 @@ class _TaskClock:
 
     def __init__(self, out: Path):
         self.path = Path(out) / "task_seconds.json"
-        state = json.loads(self.path.read_text()) if self.path.is_file() else {}
-        if state and not (isinstance(state.get("tasks"), dict) and isinstance(state.get("parts"), list)):
+        try:
+            state = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        except ValueError:
+            state = None
+        if state is None or (state and not (isinstance(state, dict) and isinstance(state.get("tasks"), dict)
+                                            and isinstance(state.get("parts"), list))):
             raise RuntimeError(f"{self.path}: not a task-seconds file of bench/validity.py (keys 'tasks' and "
                                "'parts'); delete it to start the clock afresh.")
         self.tasks: dict[str, float] = dict(state.get("tasks", {}))

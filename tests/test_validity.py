@@ -176,9 +176,10 @@ def test_task_clock_adds_the_parts_of_a_resumed_run_and_refuses_a_foreign_file(t
     assert state["tasks"] == {"5/truth/checkpoint-200": 61.0, "5/pipeline": 30.0, "6/pipeline": 2.0}
     assert len(state["parts"]) == 2 and all(p["started_utc"].endswith("Z") for p in state["parts"])
     assert second.wall == pytest.approx(sum(p["seconds"] for p in state["parts"]))
-    (tmp_path / "task_seconds.json").write_text(json.dumps({"pipeline": 3.0}))
-    with pytest.raises(RuntimeError, match=r"task_seconds\.json.*delete it"):
-        clock_cls(tmp_path)
+    for text in (json.dumps({"pipeline": 3.0}), "{not json", "[1, 2]"):
+        (tmp_path / "task_seconds.json").write_text(text)
+        with pytest.raises(RuntimeError, match=r"task_seconds\.json.*delete it"):
+            clock_cls(tmp_path)
 
 
 def test_a_resumed_validation_keeps_its_results_and_adds_up_its_seconds(smoke, tmp_path, monkeypatch):
