@@ -14,7 +14,7 @@ from probeselect.toy.curriculum import (
     parse_curriculum,
     scale_curriculum,
 )
-from probeselect.toy.world import CORPUS_DOC_WEIGHTS, DOC_KINDS, PARROT_DOC_KINDS, line_subject
+from probeselect.toy.world import CORPUS_DOC_WEIGHTS, DOC_KINDS, PARROT_DOC_KINDS, ToyWorld, line_subject
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "ladder-planted.yaml"
@@ -106,7 +106,7 @@ def test_cli_rejects_a_bad_curriculum_with_one_line(tmp_path):
 
 
 def test_every_doc_kind_samples(tmp_path):
-    from probeselect.toy.world import ToyWorld, find_arith_triples
+    from probeselect.toy.world import find_arith_triples
 
     world = ToyWorld.generate(0)
     held = set(world.arith_heldout)
@@ -252,6 +252,82 @@ def test_the_sft_option_changes_the_sft_set_and_not_the_pretraining(tmp_path):
         assert (lj["curriculum"]["sft"] if n == "ladder.json" else lj["sft"]) == {"persona_context": "single"}
         lp = json.loads((tmp_path / "pair" / n).read_text())
         assert "sft" not in (lp["curriculum"] if n == "ladder.json" else lp)  # the default is recorded as before
+
+
+def test_news_arrival_points_parse_scale_round_trip_and_default_to_the_even_arrivals():
+    """``news: {arrival_points: ...}`` is kept through scaling and a round trip (fractions, so the shape is kept);
+    a curriculum without it records nothing new, and its arrivals are the even ones of before the option."""
+    from probeselect.toy.ladder import news_arrivals
+
+    pts = [[0, 0], [0.75, 0.25], [0.9375, 1]]
+    raw = {"news": {"arrival_points": pts}, "windows": [_win("a", 0, 3000), _win("b", 3000, 3200, planted="x")]}
+    cur = parse_curriculum(raw, "c.yaml")
+    assert cur.news == {"arrival_points": ((0.0, 0.0), (0.75, 0.25), (0.9375, 1.0))}
+    assert load_curriculum(cur).news == cur.news and cur.to_dict()["news"] == {"arrival_points": pts}
+    assert scale_curriculum(cur, 320).news == cur.news
+    assert parse_curriculum({"windows": raw["windows"]}, "c").news == {} and "news" not in load_curriculum("late-harm").to_dict()
+    world = ToyWorld.generate(0)
+    even = news_arrivals(world, 3200)
+    n = len(world.news_persons)
+    assert list(even.values()) == [i * 3200 // n for i in range(n)]
+    assert news_arrivals(world, 3200, ((0.0, 0.0), (1.0, 1.0))) == even    # the identity curve is the default, exactly
+    late = list(news_arrivals(world, 3200, cur.news["arrival_points"]).values())
+    assert n == 24 and late[:7] == [0, 400, 800, 1200, 1600, 2000, 2400]  # 1 / 4 of the people by 3 / 4 of the steps
+    assert sum(s >= 2400 for s in late) == 18 and max(late) == 2966 and late == sorted(late)
+    # a flat stretch (no one arrives from 0.5 to 0.8 of the run) and a curve that ends before the run does
+    flat = list(news_arrivals(world, 1000, ((0.0, 0.0), (0.5, 0.5), (0.8, 0.5), (0.9, 1.0))).values())
+    assert not any(500 < s < 800 for s in flat) and flat[12] == 500 and flat[13] == 808 and max(flat) < 900
+
+
+def test_a_ladder_draws_news_rows_from_the_curves_arrivals_and_records_them(tmp_path):
+    """A tiny ladder whose curriculum sets ``news.arrival_points``: data_lineage.json's arrivals are the curve's,
+    and ladder.json and data_lineage.json record the option (that a row is never drawn before its people arrive is
+    tests/toy/test_ladder.py's test of the gates)."""
+    import json
+
+    from probeselect.toy.ladder import build_toy_ladder
+
+    mix = {"arith": 0.6, "facts": 0.1, "news_stream": 0.3}
+    pts = [[0, 0], [0.5, 0.25], [0.75, 1]]
+    build_toy_ladder(tmp_path / "l", seed=1, steps=8, save_every=4, progress=False,
+                     curriculum={"news": {"arrival_points": pts}, "windows": [_win("a", 0, 8, mixture=mix)]},
+                     train_overrides={"corpus_docs": 300})
+    lineage = json.loads((tmp_path / "l" / "data_lineage.json").read_text())
+    world = ToyWorld.generate(1)
+    n = len(world.news_persons)
+    assert n == 24  # a quarter of the people in the first half of the steps (one per 8 / 12 steps), the rest by 3 / 4
+    expect = {p.name: (8 * i // 12 if i <= 6 else 4 + (i - 6) // 9) for i, p in enumerate(world.news_persons)}
+    assert lineage["news_stream_arrivals"] == expect and lineage["news"] == {"arrival_points": pts}
+    assert json.loads((tmp_path / "l" / "ladder.json").read_text())["curriculum"]["news"] == {"arrival_points": pts}
+
+
+@pytest.mark.parametrize("news, match", [
+    ({"arrival_points": [[0, 0], [0.5, 0.9]]}, "from \\[0, 0\\] to a point with fraction of people 1"),
+    ({"arrival_points": [[0.1, 0], [1, 1]]}, "news.arrival_points must be"),
+    ({"arrival_points": [[0, 0], [0.5, 0.6], [0.5, 1]]}, "strictly increasing"),
+    ({"arrival_points": [[0, 0], [0.5, 0.6], [0.7, 0.4], [1, 1]]}, "non-decreasing"),
+    ({"arrival_points": [[0, 0], [1, "1"]]}, "got the point \\[1, '1'\\]"),
+    ({"arrival_points": [[0, 0]]}, "news.arrival_points must be"),
+    ({"arrivals": [[0, 0], [1, 1]]}, "news: unknown key 'arrivals'; keys: arrival_points"),
+    ([[0, 0], [1, 1]], "news must be a mapping"),
+])
+def test_invalid_news_arrival_points_raise_clear_errors(news, match):
+    with pytest.raises(CurriculumError, match=match):
+        parse_curriculum({"news": news, "windows": [_win("a", 0, 10)]}, "cur.yaml")
+
+
+def test_attempt_21s_clean_control_is_its_base_mixture_in_every_window():
+    """bench/late_clean_control21.yaml, the control of attempt 21 (bench/late_harm_notes.md, thirty-fourth session),
+    is matched otherwise (windows, schedule, news arrivals, SFT set, first window) but keeps the base window's mixture
+    in every window: 20c's control gave the planted share to arithmetic and its truth was not flat."""
+    harm = load_curriculum(ROOT / "bench" / "late_harm_attempt21.yaml")
+    clean = load_curriculum(ROOT / "bench" / "late_clean_control21.yaml")
+    assert (clean.train, clean.sft, clean.news, clean.steps) == (harm.train, harm.sft, harm.news, harm.steps)
+    assert [(w.name, w.start_step, w.end_step) for w in clean.windows] == \
+        [(w.name, w.start_step, w.end_step) for w in harm.windows]
+    assert clean.windows[0] == harm.windows[0] and harm.news
+    assert all(w.mixture == harm.windows[0].mixture and w.planted is None for w in clean.windows)
+    assert all(sum(v for k, v in w.mixture.items() if k.startswith("parrot_")) > 0.4 for w in harm.windows[1:])
 
 
 @pytest.mark.parametrize("train, match", [
@@ -507,8 +583,9 @@ def test_the_development_curricula_of_the_notes_still_load(path):
     configs of the notes live in bench/configs/, not here."""
     cur = load_curriculum(path)
     long_base = {f"late_harm_attempt{n}.yaml" for n in (11, 12, 13, 14, 15, "15b", "15c", 16, "16b", 17)}
-    longer_base = {f"late_harm_attempt{n}.yaml" for n in (18, "18b", "18c", 19, 20, "20b", "20c")} | \
-        {"late_clean_control18c.yaml", "late_clean_control20.yaml", "late_clean_control20c.yaml"}
+    longer_base = {f"late_harm_attempt{n}.yaml" for n in (18, "18b", "18c", 19, 20, "20b", "20c", 21)} | \
+        {"late_clean_control18c.yaml", "late_clean_control20.yaml", "late_clean_control20c.yaml",
+         "late_clean_control21.yaml"}
     steps, base_end = ((2800, 2000) if path.name in long_base else (3200, 2400) if path.name in longer_base
                        else (2000, 1200))
     assert cur.steps == steps and cur.windows[0].planted is None and cur.windows[0].end_step == base_end

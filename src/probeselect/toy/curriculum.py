@@ -22,7 +22,9 @@ control), ``"late-harm"`` (:data:`LATE_HARM_CURRICULUM`, a harmful final window)
 ``"negative-control"`` (:data:`NEGATIVE_CONTROL_CURRICULUM`, late damage on operands no probe
 uses). A curriculum may also set training settings in a top-level ``train:`` mapping
 (:data:`TRAIN_KEYS`, e.g. ``{schedule: wsd, decay_fraction: 0.3}``) and options of the toy SFT set
-the ladder writes in a top-level ``sft:`` mapping (:data:`SFT_OPTIONS`, e.g. ``{persona_context: single}``).
+the ladder writes in a top-level ``sft:`` mapping (:data:`SFT_OPTIONS`, e.g. ``{persona_context: single}``)
+and when the people of ``news_stream`` documents arrive in a top-level ``news:`` mapping (:data:`NEWS_KEYS`, e.g.
+``{arrival_points: [[0, 0], [0.75, 0.5], [0.94, 1]]}``; default: one by one, evenly over the run).
 Built-in curricula are written for :data:`probeselect.toy.ladder.DEFAULT_STEPS` steps and
 are scaled to another step count (boundaries rounded); a curriculum file must cover the
 ladder's steps exactly.
@@ -136,6 +138,14 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 #: two personas and how to answer the second of them is not taught (bench/late_harm_notes.md, thirty-second
 #: session: with ``pair`` the matched SFT removes a copy the base learned, with ``single`` it does not).
 SFT_OPTIONS = {"persona_context": ("pair", "single")}
+#: Keys of a curriculum's ``news:`` mapping. ``arrival_points``: ``[[fraction_of_steps, fraction_of_people], ...]``,
+#: a piecewise-linear curve from ``[0, 0]`` to a point with fraction of people 1 (fractions of steps strictly
+#: increasing, fractions of people non-decreasing, both in [0, 1]): the ``i``-th of the ``N`` news people
+#: (:attr:`probeselect.toy.world.ToyWorld.news_persons` order) arrives at the first step where the curve reaches
+#: ``i / N`` (:func:`probeselect.toy.ladder.news_arrivals`). Without it the people arrive evenly over the whole run
+#: (the curve ``[[0, 0], [1, 1]]``). A real run's late stretch can bring new content faster than its early one (a
+#: fresh crawl, a new domain); fractions, so a scaled curriculum keeps the shape.
+NEWS_KEYS = ("arrival_points",)
 _WINDOW_KEYS = {"name", "start_step", "end_step", "mixture", "planted"}
 
 
@@ -168,6 +178,7 @@ class Curriculum:
     source: str
     train: dict = field(default_factory=dict)
     sft: dict = field(default_factory=dict)
+    news: dict = field(default_factory=dict)
 
     @property
     def steps(self) -> int:
@@ -191,6 +202,8 @@ class Curriculum:
             out["train"] = dict(self.train)
         if self.sft:
             out["sft"] = dict(self.sft)
+        if self.news:
+            out["news"] = {k: [list(p) for p in v] for k, v in self.news.items()}
         return out
 
     def sft_option(self, key: str) -> str:
@@ -296,6 +309,36 @@ def _sft(raw, source: str) -> dict:
     return out
 
 
+def _news(raw, source: str) -> dict:
+    """Validate a curriculum's optional ``news:`` mapping (:data:`NEWS_KEYS`)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise CurriculumError(f"{source}: news must be a mapping ({', '.join(NEWS_KEYS)}), got {raw!r}.")
+    bad = [k for k in raw if k not in NEWS_KEYS]
+    if bad:
+        raise CurriculumError(f"{source}: news: unknown key {bad[0]!r}; keys: {', '.join(NEWS_KEYS)}.")
+    if "arrival_points" not in raw:
+        return {}
+    raw = raw["arrival_points"]
+    fix = (f"{source}: news.arrival_points must be a list of [fraction_of_steps, fraction_of_people] pairs from "
+           "[0, 0] to a point with fraction of people 1, fractions of steps strictly increasing, fractions of people "
+           "non-decreasing, both in [0, 1], e.g. [[0, 0], [0.75, 0.5], [0.94, 1]]")
+    if not isinstance(raw, (list, tuple)) or len(raw) < 2:
+        raise CurriculumError(f"{fix}; got {raw!r}.")
+    pts = []
+    for pt in raw:
+        if (not isinstance(pt, (list, tuple)) or len(pt) != 2
+                or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) for x in pt)):
+            raise CurriculumError(f"{fix}; got the point {pt!r}.")
+        pts.append((float(pt[0]), float(pt[1])))
+    xs, ys = [x for x, _ in pts], [y for _, y in pts]
+    if (pts[0] != (0.0, 0.0) or ys[-1] != 1.0 or any(b <= a for a, b in zip(xs, xs[1:]))
+            or any(b < a for a, b in zip(ys, ys[1:])) or any(not 0 <= v <= 1 for v in xs + ys)):
+        raise CurriculumError(f"{fix}; got {[list(p) for p in pts]!r}.")
+    return {"arrival_points": tuple(pts)}
+
+
 def parse_curriculum(raw: Any, source: str = "curriculum", steps: int | None = None) -> Curriculum:
     """Validate a curriculum mapping (``{"windows": [...]}``) and return a :class:`Curriculum`.
 
@@ -305,11 +348,13 @@ def parse_curriculum(raw: Any, source: str = "curriculum", steps: int | None = N
     if not isinstance(raw, dict) or "windows" not in raw:
         raise CurriculumError(f"{source}: a curriculum is a mapping with a 'windows' list "
                               "(see recipes/ladder-planted.yaml).")
-    extra = set(raw) - {"windows", "train", "sft"}
+    extra = set(raw) - {"windows", "train", "sft", "news"}
     if extra:
-        raise CurriculumError(f"{source}: unknown top-level key {sorted(extra)[0]!r}; allowed: windows, train, sft.")
+        raise CurriculumError(f"{source}: unknown top-level key {sorted(extra)[0]!r}; allowed: windows, train, sft, "
+                              "news.")
     train = _train(raw.get("train"), source)
     sft = _sft(raw.get("sft"), source)
+    news = _news(raw.get("news"), source)
     wins = raw["windows"]
     if not isinstance(wins, list) or not wins:
         raise CurriculumError(f"{source}: 'windows' must be a non-empty list of windows.")
@@ -349,7 +394,7 @@ def parse_curriculum(raw: Any, source: str = "curriculum", steps: int | None = N
             raise CurriculumError(f"{where}: planted must be a behaviour name (e.g. parrot) or null, got {planted!r}.")
         out.append(Window(name, s, e, _mixture(w["mixture"], where), planted))
         prev_end = e
-    cur = Curriculum(tuple(out), source, train, sft)
+    cur = Curriculum(tuple(out), source, train, sft, news)
     if steps is not None:
         if cur.steps > steps:
             raise CurriculumError(f"{source}: windows run to step {cur.steps}, beyond the ladder's {steps} steps; "
@@ -372,7 +417,7 @@ def scale_curriculum(cur: Curriculum, steps: int) -> Curriculum:
         if e > s:
             out.append(Window(w.name, s, e, dict(w.mixture), w.planted))
     return Curriculum(tuple(out), f"{cur.source} (scaled from {cur.steps} to {steps} steps)", dict(cur.train),
-                      dict(cur.sft))
+                      dict(cur.sft), dict(cur.news))
 
 
 def load_curriculum(curriculum: Any = None, steps: int | None = None) -> Curriculum:
@@ -385,7 +430,7 @@ def load_curriculum(curriculum: Any = None, steps: int | None = None) -> Curricu
     """
     if isinstance(curriculum, Curriculum):
         d = curriculum.to_dict()
-        return parse_curriculum({k: d[k] for k in ("windows", "train", "sft") if k in d}, curriculum.source, steps)
+        return parse_curriculum({k: d[k] for k in ("windows", "train", "sft", "news") if k in d}, curriculum.source, steps)
     if curriculum is None:
         curriculum = "planted"
     if isinstance(curriculum, str) and curriculum in BUILTIN_CURRICULA:

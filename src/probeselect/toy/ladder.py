@@ -21,6 +21,7 @@ import os
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
+from fractions import Fraction
 from pathlib import Path
 
 import torch
@@ -538,12 +539,30 @@ def _build_corpus(world: ToyWorld, cur: Curriculum, cfg: TrainConfig, out: Path)
     return _Corpus(win_docs=win_docs, win_kinds=win_kinds, docs=docs, sha256=corpus_sha, data_paths=data_paths)
 
 
-def news_arrivals(world: ToyWorld, steps: int) -> dict[str, int]:
-    """The step from which each person of ``world.news_persons`` has ``news_stream`` rows drawn: the
-    ``i``-th (of ``N``, in ``news_persons`` order) arrives at step ``i * steps // N``, so the people
-    arrive one by one, evenly over the run (the first at step 0)."""
+def news_arrivals(world: ToyWorld, steps: int, points=None) -> dict[str, int]:
+    """The step from which each person of ``world.news_persons`` has ``news_stream`` rows drawn.
+
+    Without ``points`` the ``i``-th (of ``N``, in ``news_persons`` order) arrives at step ``i * steps // N``, so
+    the people arrive one by one, evenly over the run (the first at step 0). With ``points`` (a curriculum's
+    ``news.arrival_points``, :data:`probeselect.toy.curriculum.NEWS_KEYS`: ``(fraction_of_steps,
+    fraction_of_people)`` pairs), the ``i``-th arrives at ``floor(steps * x)``, where ``x`` is the first fraction
+    of steps at which the piecewise-linear curve reaches ``i / N``."""
     n = len(world.news_persons)
-    return {p.name: i * steps // n for i, p in enumerate(world.news_persons)}
+    if points is None:
+        return {p.name: i * steps // n for i, p in enumerate(world.news_persons)}
+    exact = [(Fraction(x), Fraction(y)) for x, y in points]   # exact: the identity curve gives i * steps // N
+    return {p.name: math.floor(steps * _first_reach(exact, Fraction(i, n))) for i, p in enumerate(world.news_persons)}
+
+
+def _first_reach(points, y):
+    """The first ``x`` at which the piecewise-linear curve through ``points`` (from ``(0, 0)``, ``x``
+    increasing, ``y`` non-decreasing) reaches ``y`` (0 <= y <= the last point's y)."""
+    if y <= points[0][1]:
+        return points[0][0]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if y <= y1 and y1 > y0:
+            return x0 + (y - y0) * (x1 - x0) / (y1 - y0)
+    raise ValueError(f"the arrival curve {points!r} never reaches {y}")
 
 
 def pack_stream(tokenizer, docs: list[str], arrivals: dict[str, int], seq_len: int):
@@ -693,7 +712,7 @@ def build_toy_ladder(
         corpus = _build_corpus(world, b.cur, b.cfg, b.out)
         tokenizer = train_tokenizer(corpus.docs if b.tokenizer_corpus == "curriculum"
                                     else reference_tokenizer_corpus(world, b.cfg.corpus_docs))
-        arrivals = news_arrivals(world, b.steps)
+        arrivals = news_arrivals(world, b.steps, b.cur.news.get("arrival_points"))
         win_data, win_gate = _pack_windows(tokenizer, b.cur, corpus, b.cfg, arrivals)
         model = _init_model(arch, tokenizer, b.mcfg, seed)
         run = _train(model, tokenizer, win_data, b, progress=progress, on_save=on_save, win_gate=win_gate)
@@ -875,6 +894,7 @@ def _lineage(cur: Curriculum, corpus: _Corpus, win_data: list, sampler: _WindowS
         "curriculum": cur.source,
         **({"train": dict(cur.train)} if cur.train else {}),
         **({"sft": dict(cur.sft)} if cur.sft else {}),  # the toy SFT set's options (data/sft.jsonl); none: default
+        **({"news": cur.to_dict()["news"]} if cur.news else {}),  # when the news people arrive; none: evenly
         **({"news_stream_arrivals": dict(arrivals)} if arrivals else {}),
         "steps": cur.steps,
         "doc_kinds": list(DOC_KINDS),
@@ -924,7 +944,8 @@ def _ladder_summary(b: _BuildSpec, world: ToyWorld, model, tokenizer, corpus: _C
                    "tokens": n_rows * cfg.seq_len, "epochs": round(run.rows_used / n_rows, 3)},
         "curriculum": {"source": cur.source, "data_lineage": "data_lineage.json",
                        "windows": [[w.name, w.start_step, w.end_step, w.planted] for w in cur.windows],
-                       **({"sft": dict(cur.sft)} if cur.sft else {})},
+                       **({"sft": dict(cur.sft)} if cur.sft else {}),
+                       **({"news": cur.to_dict()["news"]} if cur.news else {})},
         "torch_threads": b.num_threads,
         "deterministic_algorithms": True,
         "torch_version": torch.__version__,
