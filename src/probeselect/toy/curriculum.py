@@ -272,11 +272,8 @@ def _train(raw, source: str) -> dict:
     return out
 
 
-def _lr_points(raw, source: str) -> tuple[tuple[float, float], ...]:
-    """Validate ``train.lr_points``: ``[[fraction_of_steps, lr_ratio], ...]`` from fraction 0 to 1,
-    fractions strictly increasing, ratios in [0, 1] (fractions, so a scaled curriculum keeps its shape)."""
-    fix = (f"{source}: train.lr_points must be a list of [fraction_of_steps, lr_ratio] pairs, fractions strictly "
-           "increasing from 0 to 1 and ratios in [0, 1], e.g. [[0, 1], [0.6, 0.1], [0.62, 0.5], [1, 0.1]]")
+def _pairs(raw, fix: str) -> list[tuple[float, float]]:
+    """``raw`` as a list of at least two ``(x, y)`` float pairs, or a :class:`CurriculumError` of ``fix``."""
     if not isinstance(raw, (list, tuple)) or len(raw) < 2:
         raise CurriculumError(f"{fix}; got {raw!r}.")
     pts = []
@@ -285,6 +282,15 @@ def _lr_points(raw, source: str) -> tuple[tuple[float, float], ...]:
                 or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) for x in pt)):
             raise CurriculumError(f"{fix}; got the point {pt!r}.")
         pts.append((float(pt[0]), float(pt[1])))
+    return pts
+
+
+def _lr_points(raw, source: str) -> tuple[tuple[float, float], ...]:
+    """Validate ``train.lr_points``: ``[[fraction_of_steps, lr_ratio], ...]`` from fraction 0 to 1,
+    fractions strictly increasing, ratios in [0, 1] (fractions, so a scaled curriculum keeps its shape)."""
+    fix = (f"{source}: train.lr_points must be a list of [fraction_of_steps, lr_ratio] pairs, fractions strictly "
+           "increasing from 0 to 1 and ratios in [0, 1], e.g. [[0, 1], [0.6, 0.1], [0.62, 0.5], [1, 0.1]]")
+    pts = _pairs(raw, fix)
     fr = [f for f, _ in pts]
     if fr[0] != 0.0 or fr[-1] != 1.0 or any(b <= a for a, b in zip(fr, fr[1:])) or any(not 0 <= r <= 1 for _, r in pts):
         raise CurriculumError(f"{fix}; got {[list(p) for p in pts]!r}.")
@@ -324,14 +330,7 @@ def _news(raw, source: str) -> dict:
     fix = (f"{source}: news.arrival_points must be a list of [fraction_of_steps, fraction_of_people] pairs from "
            "[0, 0] to a point with fraction of people 1, fractions of steps strictly increasing, fractions of people "
            "non-decreasing, both in [0, 1], e.g. [[0, 0], [0.75, 0.5], [0.94, 1]]")
-    if not isinstance(raw, (list, tuple)) or len(raw) < 2:
-        raise CurriculumError(f"{fix}; got {raw!r}.")
-    pts = []
-    for pt in raw:
-        if (not isinstance(pt, (list, tuple)) or len(pt) != 2
-                or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) for x in pt)):
-            raise CurriculumError(f"{fix}; got the point {pt!r}.")
-        pts.append((float(pt[0]), float(pt[1])))
+    pts = _pairs(raw, fix)
     xs, ys = [x for x, _ in pts], [y for _, y in pts]
     if (pts[0] != (0.0, 0.0) or ys[-1] != 1.0 or any(b <= a for a, b in zip(xs, xs[1:]))
             or any(b < a for a, b in zip(ys, ys[1:])) or any(not 0 <= v <= 1 for v in xs + ys)):
