@@ -318,10 +318,11 @@ def test_invalid_news_arrival_points_raise_clear_errors(news, match):
 
 @pytest.mark.parametrize("harm_file, clean_file", [("late_harm_attempt21.yaml", "late_clean_control21.yaml"),
                                                    ("late_harm_attempt21b.yaml", "late_clean_control21.yaml"),
-                                                   ("late_harm_attempt21c.yaml", "late_clean_control21c.yaml")])
+                                                   ("late_harm_attempt21c.yaml", "late_clean_control21c.yaml"),
+                                                   ("late_harm_attempt21d.yaml", "late_clean_control21c.yaml")])
 def test_attempt_21s_clean_control_is_its_base_mixture_in_every_window(harm_file, clean_file):
     """bench/late_clean_control21.yaml, the control of attempts 21 and 21b (bench/late_harm_notes.md, thirty-fourth
-    session; 21c's: the same with 21c's schedule), is matched otherwise (windows, schedule, news arrivals, SFT set, first window) but keeps the base window's
+    session; 21c's and 21d's: the same with their schedule), is matched otherwise (windows, schedule, news arrivals, SFT set, first window) but keeps the base window's
     mixture in every window: 20c's control gave the planted share to arithmetic and its truth was not flat."""
     harm = load_curriculum(ROOT / "bench" / harm_file)
     clean = load_curriculum(ROOT / "bench" / clean_file)
@@ -586,7 +587,7 @@ def test_the_development_curricula_of_the_notes_still_load(path):
     configs of the notes live in bench/configs/, not here."""
     cur = load_curriculum(path)
     long_base = {f"late_harm_attempt{n}.yaml" for n in (11, 12, 13, 14, 15, "15b", "15c", 16, "16b", 17)}
-    longer_base = {f"late_harm_attempt{n}.yaml" for n in (18, "18b", "18c", 19, 20, "20b", "20c", 21, "21b", "21c")} | \
+    longer_base = {f"late_harm_attempt{n}.yaml" for n in (18, "18b", "18c", 19, 20, "20b", "20c", 21, "21b", "21c", "21d")} | \
         {"late_clean_control18c.yaml", "late_clean_control20.yaml", "late_clean_control20c.yaml",
          "late_clean_control21.yaml", "late_clean_control21c.yaml"}
     steps, base_end = ((2800, 2000) if path.name in long_base else (3200, 2400) if path.name in longer_base
