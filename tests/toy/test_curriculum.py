@@ -260,12 +260,15 @@ def test_news_arrival_points_parse_scale_round_trip_and_default_to_the_even_arri
     from probeselect.toy.ladder import news_arrivals
 
     pts = [[0, 0], [0.75, 0.25], [0.9375, 1]]
-    raw = {"news": {"arrival_points": pts}, "windows": [_win("a", 0, 3000), _win("b", 3000, 3200, planted="x")]}
+    mix = {"arith": 0.8, "news_stream": 0.2}
+    raw = {"news": {"arrival_points": pts},
+           "windows": [_win("a", 0, 3000, mixture=mix), _win("b", 3000, 3200, planted="x")]}
     cur = parse_curriculum(raw, "c.yaml")
     assert cur.news == {"arrival_points": ((0.0, 0.0), (0.75, 0.25), (0.9375, 1.0))}
     assert load_curriculum(cur).news == cur.news and cur.to_dict()["news"] == {"arrival_points": pts}
     assert scale_curriculum(cur, 320).news == cur.news
-    assert parse_curriculum({"windows": raw["windows"]}, "c").news == {} and "news" not in load_curriculum("late-harm").to_dict()
+    assert parse_curriculum({"windows": raw["windows"]}, "c").news == {}
+    assert "news" not in load_curriculum("late-harm").to_dict()
     world = ToyWorld.generate(0)
     even = news_arrivals(world, 3200)
     n = len(world.news_persons)
@@ -313,7 +316,15 @@ def test_a_ladder_draws_news_rows_from_the_curves_arrivals_and_records_them(tmp_
 ])
 def test_invalid_news_arrival_points_raise_clear_errors(news, match):
     with pytest.raises(CurriculumError, match=match):
-        parse_curriculum({"news": news, "windows": [_win("a", 0, 10)]}, "cur.yaml")
+        parse_curriculum({"news": news, "windows": [_win("a", 0, 10, mixture={"arith": 1, "news_stream": 0.1})]},
+                         "cur.yaml")
+
+
+def test_news_arrival_points_without_news_stream_documents_is_an_error():
+    """A curve for people no window brings would change nothing: a clear error, not a silently recorded option."""
+    with pytest.raises(CurriculumError, match=r"cur.yaml: news.arrival_points is set but no window has news_stream "
+                                              r"documents.*drop news:"):
+        parse_curriculum({"news": {"arrival_points": [[0, 0], [1, 1]]}, "windows": [_win("a", 0, 10)]}, "cur.yaml")
 
 
 @pytest.mark.parametrize("harm_file, clean_file", [("late_harm_attempt21.yaml", "late_clean_control21.yaml"),
@@ -322,8 +333,9 @@ def test_invalid_news_arrival_points_raise_clear_errors(news, match):
                                                    ("late_harm_attempt21d.yaml", "late_clean_control21c.yaml")])
 def test_attempt_21s_clean_control_is_its_base_mixture_in_every_window(harm_file, clean_file):
     """bench/late_clean_control21.yaml, the control of attempts 21 and 21b (bench/late_harm_notes.md, thirty-fourth
-    session; 21c's and 21d's: the same with their schedule), is matched otherwise (windows, schedule, news arrivals, SFT set, first window) but keeps the base window's
-    mixture in every window: 20c's control gave the planted share to arithmetic and its truth was not flat."""
+    session; bench/late_clean_control21c.yaml, 21c's and 21d's: the same with their schedule), is matched otherwise
+    (windows, schedule, news arrivals, SFT set, first window) but keeps the base window's mixture in every window:
+    20c's control gave the planted share to arithmetic and its truth was not flat."""
     harm = load_curriculum(ROOT / "bench" / harm_file)
     clean = load_curriculum(ROOT / "bench" / clean_file)
     assert (clean.train, clean.sft, clean.news, clean.steps) == (harm.train, harm.sft, harm.news, harm.steps)
@@ -587,7 +599,8 @@ def test_the_development_curricula_of_the_notes_still_load(path):
     configs of the notes live in bench/configs/, not here."""
     cur = load_curriculum(path)
     long_base = {f"late_harm_attempt{n}.yaml" for n in (11, 12, 13, 14, 15, "15b", "15c", 16, "16b", 17)}
-    longer_base = {f"late_harm_attempt{n}.yaml" for n in (18, "18b", "18c", 19, 20, "20b", "20c", 21, "21b", "21c", "21d")} | \
+    longer_base = {f"late_harm_attempt{n}.yaml"
+                   for n in (18, "18b", "18c", 19, 20, "20b", "20c", 21, "21b", "21c", "21d")} | \
         {"late_clean_control18c.yaml", "late_clean_control20.yaml", "late_clean_control20c.yaml",
          "late_clean_control21.yaml", "late_clean_control21c.yaml"}
     steps, base_end = ((2800, 2000) if path.name in long_base else (3200, 2400) if path.name in longer_base

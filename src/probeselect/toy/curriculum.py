@@ -393,6 +393,9 @@ def parse_curriculum(raw: Any, source: str = "curriculum", steps: int | None = N
             raise CurriculumError(f"{where}: planted must be a behaviour name (e.g. parrot) or null, got {planted!r}.")
         out.append(Window(name, s, e, _mixture(w["mixture"], where), planted))
         prev_end = e
+    if news and not any("news_stream" in w.mixture for w in out):
+        raise CurriculumError(f"{source}: news.arrival_points is set but no window has news_stream documents, so it "
+                              "would change nothing; give a window's mixture a news_stream share or drop news:.")
     cur = Curriculum(tuple(out), source, train, sft, news)
     if steps is not None:
         if cur.steps > steps:
@@ -429,7 +432,8 @@ def load_curriculum(curriculum: Any = None, steps: int | None = None) -> Curricu
     """
     if isinstance(curriculum, Curriculum):
         d = curriculum.to_dict()
-        return parse_curriculum({k: d[k] for k in ("windows", "train", "sft", "news") if k in d}, curriculum.source, steps)
+        keys = ("windows", "train", "sft", "news")
+        return parse_curriculum({k: d[k] for k in keys if k in d}, curriculum.source, steps)
     if curriculum is None:
         curriculum = "planted"
     if isinstance(curriculum, str) and curriculum in BUILTIN_CURRICULA:
