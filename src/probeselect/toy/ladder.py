@@ -542,15 +542,14 @@ def _build_corpus(world: ToyWorld, cur: Curriculum, cfg: TrainConfig, out: Path)
 def news_arrivals(world: ToyWorld, steps: int, points=None) -> dict[str, int]:
     """The step from which each person of ``world.news_persons`` has ``news_stream`` rows drawn.
 
-    Without ``points`` the ``i``-th (of ``N``, in ``news_persons`` order) arrives at step ``i * steps // N``, so
-    the people arrive one by one, evenly over the run (the first at step 0). With ``points`` (a curriculum's
-    ``news.arrival_points``, :data:`probeselect.toy.curriculum.NEWS_KEYS`: ``(fraction_of_steps,
-    fraction_of_people)`` pairs), the ``i``-th arrives at ``floor(steps * x)``, where ``x`` is the first fraction
-    of steps at which the piecewise-linear curve reaches ``i / N``."""
+    Without ``points`` (the curve ``[[0, 0], [1, 1]]``) the ``i``-th (of ``N``, in ``news_persons`` order) arrives
+    at step ``i * steps // N``, so the people arrive one by one, evenly over the run (the first at step 0). With
+    ``points`` (a curriculum's ``news.arrival_points``, :data:`probeselect.toy.curriculum.NEWS_KEYS`:
+    ``(fraction_of_steps, fraction_of_people)`` pairs), the ``i``-th arrives at ``floor(steps * x)``, where ``x``
+    is the first fraction of steps at which the piecewise-linear curve reaches ``i / N``."""
     n = len(world.news_persons)
-    if points is None:
-        return {p.name: i * steps // n for i, p in enumerate(world.news_persons)}
-    exact = [(Fraction(x), Fraction(y)) for x, y in points]   # exact: the identity curve gives i * steps // N
+    # exact fractions, so that the default (identity) curve gives i * steps // N
+    exact = [(Fraction(x), Fraction(y)) for x, y in (points or ((0, 0), (1, 1)))]
     return {p.name: math.floor(steps * _first_reach(exact, Fraction(i, n))) for i, p in enumerate(world.news_persons)}
 
 
