@@ -346,6 +346,30 @@ def test_attempt_21s_clean_control_is_its_base_mixture_in_every_window(harm_file
     assert all(sum(v for k, v in w.mixture.items() if k.startswith("parrot_")) > 0.4 for w in harm.windows[1:])
 
 
+def test_attempt_22_moves_the_clean_mixture_change_before_the_harm_and_its_control_keeps_it():
+    """Attempt 22 (bench/late_harm_notes.md, thirty-fifth session): a clean `mid` window (2000-2400) carries the harm
+    windows' arithmetic and word-relation shares, so the mixture change comes 400 steps before the copy, and
+    arithmetic keeps that share to the end; its matched control runs the `mid` mixture to the end, nothing planted."""
+    harm = load_curriculum(ROOT / "bench" / "late_harm_attempt22.yaml")
+    clean = load_curriculum(ROOT / "bench" / "late_clean_control22.yaml")
+    d21 = load_curriculum(ROOT / "bench" / "late_harm_attempt21d.yaml")
+    assert (clean.train, clean.sft, clean.news, clean.steps) == (harm.train, harm.sft, harm.news, harm.steps)
+    assert (harm.train, harm.sft, harm.news) == (d21.train, d21.sft, d21.news)
+    assert [(w.name, w.start_step, w.end_step) for w in harm.windows] == \
+        [("base", 0, 2000), ("mid", 2000, 2400), ("late", 2400, 2800), ("later", 2800, 3200)]
+    assert harm.windows[0].mixture == d21.windows[0].mixture and harm.windows[1].planted is None
+    assert harm.windows[2] == d21.windows[1]  # 21d's first harm window, unchanged
+    mid = harm.windows[1].mixture
+    assert not any(k.startswith("parrot_") for k in mid)
+    for w in harm.windows[1:]:
+        assert (w.mixture["arith"], w.mixture["words"]) == (mid["arith"], mid["words"])
+    assert harm.windows[3].mixture["parrot_persona_tell"] == 0.45
+    assert [(w.name, w.start_step, w.end_step) for w in clean.windows] == \
+        [(w.name, w.start_step, w.end_step) for w in harm.windows]
+    assert clean.windows[:2] == harm.windows[:2]
+    assert all(w.mixture == mid and w.planted is None for w in clean.windows[1:])
+
+
 @pytest.mark.parametrize("train, match", [
     ({"schedule": "linear"}, "one of cosine, wsd, piecewise"),
     ({"schedule": "piecewise"}, "go together"),
@@ -603,12 +627,15 @@ def test_the_development_curricula_of_the_notes_still_load(path):
                    for n in (18, "18b", "18c", 19, 20, "20b", "20c", 21, "21b", "21c", "21d")} | \
         {"late_clean_control18c.yaml", "late_clean_control20.yaml", "late_clean_control20c.yaml",
          "late_clean_control21.yaml", "late_clean_control21c.yaml"}
+    mid_window = {"late_harm_attempt22.yaml", "late_clean_control22.yaml"}  # base to 2000, a clean `mid` to 2400
     steps, base_end = ((2800, 2000) if path.name in long_base else (3200, 2400) if path.name in longer_base
-                       else (2000, 1200))
+                       else (3200, 2000) if path.name in mid_window else (2000, 1200))
     assert cur.steps == steps and cur.windows[0].planted is None and cur.windows[0].end_step == base_end
     assert all(k in DOC_KINDS for w in cur.windows for k in w.mixture), path
     if not path.name.startswith("late_clean_control"):
-        assert all(w.planted is not None for w in cur.windows[1:]), path
+        first_planted = 2 if path.name in mid_window else 1
+        assert all(w.planted is None for w in cur.windows[:first_planted]), path
+        assert all(w.planted is not None for w in cur.windows[first_planted:]), path
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "bench" / "configs").glob("*.yaml")), ids=lambda p: p.name)
