@@ -370,6 +370,22 @@ def test_attempt_22_moves_the_clean_mixture_change_before_the_harm_and_its_contr
     assert all(w.mixture == mid and w.planted is None for w in clean.windows[1:])
 
 
+def test_attempt_22b_is_22_with_more_word_relations_and_facts_in_the_harm():
+    """Attempt 22b (bench/late_harm_notes.md, thirty-fifth session): 22's base and `mid` windows (the same
+    checkpoints to 2400, the same control), `words` at 13.2% of both harm windows and `later`'s clean kinds at
+    `late`'s shares; the copy still at least 40% of each harm window."""
+    a22 = load_curriculum(ROOT / "bench" / "late_harm_attempt22.yaml")
+    b = load_curriculum(ROOT / "bench" / "late_harm_attempt22b.yaml")
+    assert (b.train, b.sft, b.news, b.steps) == (a22.train, a22.sft, a22.news, a22.steps)
+    assert b.windows[:2] == a22.windows[:2]
+    assert [(w.name, w.start_step, w.end_step) for w in b.windows] == \
+        [(w.name, w.start_step, w.end_step) for w in a22.windows]
+    late, later = b.windows[2].mixture, b.windows[3].mixture
+    assert late["words"] == later["words"] == 0.132
+    assert all(late[k] == later[k] for k in ("sequence", "facts", "persona", "news_stream"))
+    assert min(late["parrot_persona_tell"], later["parrot_persona_tell"]) >= 0.40
+
+
 @pytest.mark.parametrize("train, match", [
     ({"schedule": "linear"}, "one of cosine, wsd, piecewise"),
     ({"schedule": "piecewise"}, "go together"),
@@ -627,7 +643,8 @@ def test_the_development_curricula_of_the_notes_still_load(path):
                    for n in (18, "18b", "18c", 19, 20, "20b", "20c", 21, "21b", "21c", "21d")} | \
         {"late_clean_control18c.yaml", "late_clean_control20.yaml", "late_clean_control20c.yaml",
          "late_clean_control21.yaml", "late_clean_control21c.yaml"}
-    mid_window = {"late_harm_attempt22.yaml", "late_clean_control22.yaml"}  # base to 2000, a clean `mid` to 2400
+    mid_window = {"late_harm_attempt22.yaml", "late_harm_attempt22b.yaml",
+                  "late_clean_control22.yaml"}  # base to 2000, a clean `mid` to 2400
     steps, base_end = ((2800, 2000) if path.name in long_base else (3200, 2400) if path.name in longer_base
                        else (3200, 2000) if path.name in mid_window else (2000, 1200))
     assert cur.steps == steps and cur.windows[0].planted is None and cur.windows[0].end_step == base_end
