@@ -15,7 +15,10 @@ For every seed of a validity record (``truth_values.csv``, ``validity.csv``, ``s
   after it, at or before ``transfer_falls_at`` (every later checkpoint when transfer does not fall), each with
   the first such step;
 * ``capability_falls``: the capability families whose margin at the latest is below the truth's best's by more
-  than 3 x the larger evaluation-seed sd (empty when the best is the latest).
+  than 3 x the larger evaluation-seed sd (empty when the best is the latest);
+* ``capability_acc_falls``: the same rule on the capability families' headline metric, candidate accuracy (the
+  share of items whose task answer beats the foil and the distractor; ``probes/capability/*.yaml``), a second
+  reading added after attempt 22's screen (bench/late_harm_notes.md, thirty-fifth session), where the two disagreed.
 
 Used for ``bench/VALIDITY.md``'s late-harm sections. No training, no model: seconds.
 
@@ -84,18 +87,25 @@ def requirements(run_dir: Path, record: Path, harm_start: int, final_start: int,
         if not scores.is_file():
             raise SystemExit(f"{scores}: missing; RUN_DIR must be the validity run's OUT/<curriculum>/ folder "
                              "(the record does not keep the scores)")
-        traj = family_trajectories(pd.read_parquet(scores), list(CONFLICT_FAMILIES) + list(CAPABILITY_FAMILIES))
+        sc = pd.read_parquet(scores)
+        if "candidate_correct" not in sc.columns:
+            raise SystemExit(f"{scores}: no candidate_correct column (scored before candidate accuracy was recorded); "
+                             "rescore the run with `probeselect score`")
+        traj = family_trajectories(sc, list(CONFLICT_FAMILIES) + list(CAPABILITY_FAMILIES))
+        acc = family_trajectories(sc, CAPABILITY_FAMILIES, column="candidate_correct")
         window = [s for s in sorted(set(traj["step"])) if s > harm_start and (fall is None or s <= fall)]
         down = []
         for f in CONFLICT_FAMILIES:
             s = _first_down(traj[traj["family"] == f], harm_start, window, sd_factor)
             if s is not None:
                 down.append(f"{f}@{s}")
-        cap = []
+        cap, cap_acc = [], []
         if best != latest:
             for f in CAPABILITY_FAMILIES:
                 if _first_down(traj[traj["family"] == f], best, [latest], sd_factor) is not None:
                     cap.append(f)
+                if _first_down(acc[acc["family"] == f], best, [latest], sd_factor) is not None:
+                    cap_acc.append(f)
         rows.append({"seed": int(seed), "truth_best": best, "truth_best_value": float(g.loc[best, "truth_value"]),
                      "before_final": best <= final_start, "separated": not bool(lat["agree"]),
                      "latest_regret": float(lat["regret"]), "latest_regret_lo": float(lat["regret_lo"]),
@@ -103,7 +113,7 @@ def requirements(run_dir: Path, record: Path, harm_start: int, final_start: int,
                      "bpb_latest": float(g.loc[latest, "heldout_bpb"]),
                      "loss_prefers_latest": bool(g.loc[latest, "heldout_bpb"] <= g.loc[best, "heldout_bpb"]),
                      "transfer_falls_at": fall, "families_down": " ".join(down), "n_families_down": len(down),
-                     "capability_falls": " ".join(cap)})
+                     "capability_falls": " ".join(cap), "capability_acc_falls": " ".join(cap_acc)})
     return pd.DataFrame(rows)
 
 

@@ -40,6 +40,19 @@ def test_family_trajectories_mean_and_seed_sd():
     assert (t["n_seeds"] == 2).all()
 
 
+def test_family_trajectories_of_another_column_and_a_missing_one():
+    """``column="candidate_correct"`` gives candidate accuracy per checkpoint (the capability families' headline
+    metric) with its evaluation-seed sd; a column the scores lack is a KeyError that names it."""
+    df = _scores({"a": FLAT}, noise=0.0)
+    df["candidate_correct"] = ((df["seed"] == 0) | (df["item_id"] != "a/3")).astype(float)  # seed 1 misses an item
+    t = family_trajectories(df, column="candidate_correct")
+    assert t["value"].tolist() == pytest.approx([0.875] * len(STEPS))
+    assert t["seed_sd"].iloc[0] == pytest.approx(np.std([1.0, 0.75], ddof=1))
+    assert family_trajectories(df)["value"].iloc[3] == pytest.approx(4.0)  # the margin stays the default
+    with pytest.raises(KeyError, match="no column 'accuracy'"):
+        family_trajectories(df, column="accuracy")
+
+
 def test_planted_dip_flags_only_real_recovering_dips():
     df = _scores({"dip": DIPPING, "flat": FLAT, "one": ONE_CKPT, "norec": NO_RECOVERY})
     d = planted_dip(family_trajectories(df), WINDOWS).set_index("family")

@@ -45,16 +45,20 @@ def load_windows(lineage) -> list[dict]:
     return list(lineage["windows"])
 
 
-def family_trajectories(scores: pd.DataFrame, families: Iterable[str] | None = None) -> pd.DataFrame:
+def family_trajectories(scores: pd.DataFrame, families: Iterable[str] | None = None,
+                        column: str = "margin") -> pd.DataFrame:
     """Columns ``family, checkpoint, step, value, seed_sd, n_seeds`` (``value``: mean over
-    seeds of the per-seed mean margin over the family's items), sorted by family, step."""
+    seeds of the per-seed mean of ``column`` over the family's items: the margin by default,
+    ``candidate_correct`` for candidate accuracy), sorted by family, step."""
     df = scores if families is None else scores[scores["family"].isin(set(families))]
     if df.empty:
         return pd.DataFrame(columns=["family", "checkpoint", "step", "value", "seed_sd", "n_seeds"])
-    per_seed = df.groupby(["family", "checkpoint", "step", "seed"], as_index=False)["margin"].mean()
+    if column not in df.columns:
+        raise KeyError(f"scores have no column {column!r}; columns: {', '.join(map(str, df.columns))}")
+    per_seed = df.groupby(["family", "checkpoint", "step", "seed"], as_index=False)[column].mean()
     out = per_seed.groupby(["family", "checkpoint", "step"], as_index=False).agg(
-        value=("margin", "mean"), seed_sd=("margin", lambda x: float(np.std(x, ddof=1)) if len(x) > 1 else np.nan),
-        n_seeds=("margin", "size"))
+        value=(column, "mean"), seed_sd=(column, lambda x: float(np.std(x, ddof=1)) if len(x) > 1 else np.nan),
+        n_seeds=(column, "size"))
     return out.sort_values(["family", "step"]).reset_index(drop=True)
 
 
