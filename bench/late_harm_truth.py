@@ -6,7 +6,8 @@ confirmation recipe (300 steps) under truth SFT seeds 100.. on the truth's own t
 Prints, per checkpoint, the truth value (task accuracy, mean over the seeds) with its per-seed
 values; per kind, the accuracy, the share of shortcut answers (``task_shortcut_rate``) and the
 post-SFT shortcut margin (``task_shortcut_margin``, nats); and the truth's own rule (the plan's
-interval rule) on best vs latest. Used while designing the late-harm curriculum; the numbers go to
+interval rule) on best vs latest; ``OUT/truth_summary.json`` keeps the values and the verdict for
+``bench/late_harm_screen.py``. Used while designing the late-harm curriculum; the numbers go to
 bench/late_harm_notes.md.
 
     python bench/late_harm_truth.py LADDER --checkpoints 1200 1400 2000 --truth-seeds 2 --out DIR
@@ -82,6 +83,14 @@ def main(argv=None) -> int:
     print(f"truth best {rk.top}; vs latest {last}: "
           + ((f"{sub.verdict} diff " + (f"{sub.diff:.3f}" if sub.diff is not None else "n/a (one truth seed)")
               + f" CI {sub.diff_ci}") if sub else "best is the latest"))
+    from probeselect._io import atomic_write_json
+
+    atomic_write_json(a.out / "truth_summary.json", {   # what bench/late_harm_screen.py reads
+        "ladder": str(lad), "seed": seed, "truth_seeds": seeds,
+        "truth": {str(b): float(v) for b, v in zip(tab["base"], tab["value"])},
+        "best": str(rk.top), "latest": last, "verdict": sub.verdict if sub else "best is the latest",
+        "diff": None if sub is None or sub.diff is None else float(sub.diff),
+        "diff_ci": None if sub is None or sub.diff_ci is None else [float(x) for x in sub.diff_ci]})
     print(f"seconds {time.perf_counter() - t0:.0f}")
     return 0
 
