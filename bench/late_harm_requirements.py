@@ -92,6 +92,9 @@ def requirements(run_dir: Path, record: Path, harm_start: int, final_start: int,
             raise SystemExit(f"{scores}: no candidate_correct column (scored before candidate accuracy was recorded); "
                              "rescore the run with `probeselect score`")
         traj = family_trajectories(sc, list(CONFLICT_FAMILIES) + list(CAPABILITY_FAMILIES))
+        if not traj.empty and int(traj["n_seeds"].min()) < 2:   # the sd would be NaN and every fall would pass
+            raise SystemExit(f"{scores}: one evaluation seed; the 3-sd rule needs the seed sd (rerun the validation "
+                             "with two or more score seeds)")
         acc = family_trajectories(sc, CAPABILITY_FAMILIES, column="candidate_correct")
         window = [s for s in sorted(set(traj["step"])) if s > harm_start and (fall is None or s <= fall)]
         down = []

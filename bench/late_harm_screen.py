@@ -27,18 +27,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
 import pandas as pd
 
-from probeselect._io import atomic_write_json
-from probeselect.toy.dip import CAPABILITY_FAMILIES, family_trajectories
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from late_harm_requirements import _first_down, _step  # noqa: E402  (the requirements' rule, shared)
 
-
-def _step(name: str) -> int:
-    return int(str(name).rsplit("-", 1)[-1])
+from probeselect._io import atomic_write_json  # noqa: E402
+from probeselect.toy.dip import CAPABILITY_FAMILIES, family_trajectories  # noqa: E402
 
 
 def _read(path: Path, what: str, fix: str):
@@ -75,16 +73,11 @@ def judge(truth_dir: Path, bykind: Path, scores: Path, final_start: int, sd_fact
             if cap[(cap["family"] == f) & (cap["step"] == step)].empty:
                 raise SystemExit(f"{scores}: no {f} scores at checkpoint {step}; score both capability families on "
                                  "every screened checkpoint")
-    falls = []
-    if best != latest:
-        for f in CAPABILITY_FAMILIES:
-            g = cap[cap["family"] == f].set_index("step")
-            sd = max(float(g.loc[best, "seed_sd"]), float(g.loc[latest, "seed_sd"]))
-            if math.isnan(sd):
-                raise SystemExit(f"{scores}: {f} has one evaluation seed; the rule needs its seed sd (score with two "
-                                 "or more --seeds)")
-            if g.loc[latest, "value"] < g.loc[best, "value"] - sd_factor * sd:
-                falls.append(f)
+    if int(cap["n_seeds"].min()) < 2:
+        raise SystemExit(f"{scores}: the capability families have one evaluation seed; the rule needs their seed sd "
+                         "(score with two or more --seeds)")
+    falls = [f for f in CAPABILITY_FAMILIES if best != latest
+             and _first_down(cap[cap["family"] == f], best, [latest], sd_factor) is not None]
     crit = {"a_best_before_final": best <= final_start, "b_separated": t["verdict"] == "winner",
             "c_loss_prefers_latest": bpb[latest] <= bpb[best], "d_capability_holds": not falls}
     per = lambda tr, f: {int(s): round(float(v), 4) for s, v in tr[tr["family"] == f].set_index("step")["value"].items()}

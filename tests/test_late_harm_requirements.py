@@ -84,7 +84,11 @@ def test_a_folder_that_is_not_a_finished_run_names_the_file_and_the_fix(lhr, tmp
     with pytest.raises(SystemExit, match=r"scores.parquet: missing; RUN_DIR must be the validity run's"):
         lhr.requirements(rec, rec, 200, 400)
     sc = run / "seed1" / "score" / "scores.parquet"
-    pd.read_parquet(sc).drop(columns="candidate_correct").to_parquet(sc)      # scored before candidate accuracy
+    full = pd.read_parquet(sc)
+    full[full["seed"] == 0].to_parquet(sc)                                    # one evaluation seed: no sd
+    with pytest.raises(SystemExit, match=r"scores.parquet: one evaluation seed; the 3-sd rule needs the seed sd"):
+        lhr.requirements(run, rec, 200, 400)
+    full.drop(columns="candidate_correct").to_parquet(sc)                     # scored before candidate accuracy
     with pytest.raises(SystemExit, match=r"scores.parquet: no candidate_correct column .*rescore the run"):
         lhr.requirements(run, rec, 200, 400)
     (rec / "validity.csv").write_text("seed,pick\n1,checkpoint-200\n")      # malformed: no truth_best

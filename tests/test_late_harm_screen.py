@@ -82,7 +82,7 @@ def test_missing_or_incomplete_inputs_name_the_file_and_the_fix(lhs, tmp_path):
         lhs.judge(td, tmp_path / "junk.csv", sc, 2800)
     one = tmp_path / "one"
     one.mkdir()
-    with pytest.raises(SystemExit, match=r"(arith|relation)_plain has one evaluation seed.*two or more --seeds"):
+    with pytest.raises(SystemExit, match=r"scores.parquet: the capability families have one evaluation seed.*two or more --seeds"):
         lhs.judge(*_inputs(one, seeds=(0,)), 2800)
     (td / "truth_summary.json").write_text(json.dumps({"truth": {}, "best": "checkpoint-2400"}))
     with pytest.raises(SystemExit, match=r"truth_summary.json: no key\(s\) latest, verdict; rerun"):
